@@ -1,0 +1,142 @@
+"""The ``dnslb`` command: one entry point, a subcommand per process or task.
+
+Each subcommand imports what it needs only when it runs, so ``dnslb pipe-backend`` starts with the
+standard library and the core alone. An expected error (:class:`~dnslb.errors.DnslbError`) becomes
+one clear message on stderr and exit status 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from dnslb import __version__
+from dnslb.errors import DnslbError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _plan_check(args: argparse.Namespace) -> int:
+    from dnslb.errors import PlanError  # noqa: PLC0415
+    from dnslb.plan import parse_plan_json  # noqa: PLC0415
+
+    status = 0
+    for path in args.files:
+        try:
+            with open(path, "rb") as handle:
+                plan = parse_plan_json(handle.read())
+        except OSError as exc:
+            print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
+            status = 1
+            continue
+        except PlanError as exc:
+            for problem in exc.problems:
+                print(f"{path}: {problem}", file=sys.stderr)
+            status = 1
+            continue
+        members = sum(len(pool.members) for pool in plan.pools)
+        print(
+            f"{path}: ok, plan v{plan.version}: {len(plan.zones)} zones, "
+            f"{len(plan.pools)} pools, {members} members"
+        )
+    return status
+
+
+def _pipe_backend(args: argparse.Namespace) -> int:
+    import os  # noqa: PLC0415
+    import random  # noqa: PLC0415
+
+    from dnslb.plan_store import open_store  # noqa: PLC0415
+    from pipe_backend.backend import PipeBackend  # noqa: PLC0415
+
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"dnslb pipe-backend[{os.getpid()}]: %(levelname)s %(message)s",
+    )
+    rng = random.Random(args.seed) if args.seed is not None else random.Random()
+    backend = PipeBackend(open_store(args.plan), rng=rng, poll_interval=args.poll_interval)
+    backend.poll(force=True)
+    with contextlib.suppress(BrokenPipeError):  # PowerDNS went away mid-reply
+        backend.serve(sys.stdin.fileno(), sys.stdout.fileno())
+    return 0
+
+
+def _pdns_config(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from dnslb.pdns import PdnsSettings, render_config  # noqa: PLC0415
+
+    settings = PdnsSettings(
+        plan=str(Path(args.plan).resolve()),
+        address=args.address,
+        port=args.port,
+        threads=args.threads,
+    )
+    sys.stdout.write(render_config(settings, args.socket_dir))
+    return 0
+
+
+def _lab(args: argparse.Namespace) -> int:
+    from dnslb.lab import run_lab  # noqa: PLC0415
+
+    return run_lab(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dnslb", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"dnslb {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    plan = commands.add_parser("plan", help="work with plan files")
+    plan_commands = plan.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
+    check = plan_commands.add_parser("check", help="validate plan files, listing every problem")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.set_defaults(handler=_plan_check)
+
+    pipe = commands.add_parser(
+        "pipe-backend", help="the PowerDNS pipe coprocess (use as pdns pipe-command)"
+    )
+    pipe.add_argument("--plan", required=True, help="plan location: a JSON file path")
+    pipe.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.25,
+        help="seconds between checks for a new plan (default 0.25)",
+    )
+    pipe.add_argument("--seed", type=int, help="seed the rotation (tests only)")
+    pipe.set_defaults(handler=_pipe_backend)
+
+    pdns = commands.add_parser("pdns-config", help="print a pdns.conf for the pipe backend")
+    pdns.add_argument("--plan", required=True, help="plan file the pipe backend serves")
+    pdns.add_argument("--address", default="127.0.0.1", help="address pdns listens on")
+    pdns.add_argument("--port", type=int, default=53, help="port pdns listens on (default 53)")
+    pdns.add_argument("--threads", type=int, default=2, help="distributor threads (default 2)")
+    pdns.add_argument("--socket-dir", default="/run/pdns", help="pdns control socket directory")
+    pdns.set_defaults(handler=_pdns_config)
+
+    lab = commands.add_parser("lab", help="run the local lab (PowerDNS + pipe backend)")
+    lab.add_argument("--plan", default=None, help="plan to serve (default: the example plan)")
+    lab.add_argument("--dns-port", type=int, default=5300, help="DNS port on 127.0.0.1")
+    lab.add_argument("--workdir", default=None, help="directory for the lab's files")
+    lab.add_argument(
+        "--once", action="store_true", help="show a few answers and stop instead of waiting"
+    )
+    lab.set_defaults(handler=_lab)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``dnslb`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except DnslbError as exc:
+        print(f"dnslb {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,53 @@
+"""The project's exceptions, one root and a small tree under it.
+
+::
+
+    DnslbError                  every error this project raises on purpose
+    +-- ConfigError             a configuration file (or command-line value) is wrong
+    +-- PlanError               a plan document is invalid (carries every problem found)
+    +-- ProtocolError           a peer spoke a protocol wrongly (pipe lines, agent reports)
+    +-- ProcessError            an external program (pdns_server, nginx, nft) failed to start or run
+
+Errors that carry several problems (``ConfigError``, ``PlanError``) keep them as a list of
+``"path: message"`` strings in ``problems`` so that a caller can show all of them at once.
+Each process's entry point turns a ``DnslbError`` into one clear message and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class DnslbError(Exception):
+    """Root of every error raised on purpose by dnslb."""
+
+
+class _ProblemsError(DnslbError):
+    """An error that lists every problem found, each prefixed with where it is."""
+
+    def __init__(self, what: str, problems: Iterable[str]) -> None:
+        self.what = what
+        self.problems = list(problems)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if len(self.problems) == 1:
+            return f"{self.what}: {self.problems[0]}"
+        lines = "\n".join(f"  {problem}" for problem in self.problems)
+        return f"{self.what}: {len(self.problems)} problems\n{lines}"
+
+
+class ConfigError(_ProblemsError):
+    """A configuration file or value is wrong; ``problems`` lists each with its file and line."""
+
+
+class PlanError(_ProblemsError):
+    """A plan document is invalid; ``problems`` lists each with its JSON path."""
+
+
+class ProtocolError(DnslbError):
+    """A peer sent something the protocol does not allow."""
+
+
+class ProcessError(DnslbError):
+    """An external program could not be started, or failed while running."""

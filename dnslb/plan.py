@@ -1,0 +1,589 @@
+"""The plan: the manager's published output and the only thing a pipe backend needs.
+
+A plan is a versioned, self-contained JSON snapshot (reference: ``docs/plan.md``): the zones the
+DNS servers are authoritative for, and per load-balanced name (a *pool*) its members with address,
+weight, TTL and state, the number of addresses per answer ``k``, the TTL floor and the fallback
+policy. An operator can write one by hand; the pipe backend alone is then a static weighted DNS.
+
+:func:`parse_plan` validates a decoded document and reports *every* problem with its path
+(``pools[2].members[0].address: not an IP address``) in one :class:`~dnslb.errors.PlanError`.
+:func:`plan_to_dict` is its inverse. Both are pure; reading and publishing files lives in
+:mod:`dnslb.plan_store`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from dnslb.dnsname import is_within, name_problem, normalize
+from dnslb.errors import PlanError
+
+FORMAT = 1
+"""The plan format this code reads and writes (the document's ``format`` field)."""
+
+MAX_TTL = 2**31 - 1
+_E = TypeVar("_E", bound=StrEnum)
+MAX_K = 64
+
+
+class MemberState(StrEnum):
+    """A member's state as the plan carries it; only ``active`` members are answered normally."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"  # above th_over: left out until it recovers
+    DOWN = "down"  # failed health checks or stopped reporting
+    DRAINING = "draining"  # leaving the pool: never answered again
+    DISABLED = "disabled"  # taken out by an operator: never answered
+
+
+class Fallback(StrEnum):
+    """What a pool answers when none of its members (of one address family) is active."""
+
+    FAIL_OPEN = "fail_open"  # the least-loaded paused members, else the down ones
+    LEAST_LOADED = "least_loaded"  # the least-loaded paused members, else no data
+    NODATA = "nodata"  # no addresses at all
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One server behind a load-balanced name."""
+
+    id: str
+    address: str  # normalized text form of an IPv4 or IPv6 address
+    weight: float
+    ttl: int
+    state: MemberState = MemberState.ACTIVE
+    utilization: float = 0.0
+
+    @property
+    def ipv6(self) -> bool:
+        return ":" in self.address
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A load-balanced name and the members its answers are chosen from."""
+
+    name: str
+    members: tuple[Member, ...]
+    k: int = 4
+    ttl_floor: int = 5
+    fallback: Fallback = Fallback.FAIL_OPEN
+
+
+@dataclass(frozen=True, slots=True)
+class Soa:
+    mname: str
+    rname: str
+    serial: int
+    refresh: int = 10800
+    retry: int = 3600
+    expire: int = 604800
+    minimum: int = 60  # negative-caching TTL (RFC 2308)
+    ttl: int = 3600
+
+    def content(self) -> str:
+        """The SOA record's data in zone-file order."""
+        return (
+            f"{self.mname} {self.rname} {self.serial} {self.refresh} {self.retry} "
+            f"{self.expire} {self.minimum}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A static record of a zone (apex A, MX, TXT, glue for the NS names...)."""
+
+    name: str
+    type: str
+    ttl: int
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    name: str
+    soa: Soa
+    ns: tuple[str, ...]
+    ns_ttl: int = 3600
+    records: tuple[Record, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A whole published plan; ``zones`` order gives each zone its id (index + 1)."""
+
+    version: int
+    zones: tuple[Zone, ...]
+    pools: tuple[Pool, ...] = ()
+    generated_at: float | None = None  # unix seconds; None for a hand-written plan
+    stale_after: float | None = None  # seconds after generated_at; None: never stale
+
+    def age(self, now: float) -> float | None:
+        """Seconds since the plan was generated, or None when it does not say."""
+        return None if self.generated_at is None else now - self.generated_at
+
+    def is_stale(self, now: float) -> bool:
+        """True when the plan is older than its ``stale_after``."""
+        if self.generated_at is None or self.stale_after is None:
+            return False
+        return now - self.generated_at > self.stale_after
+
+    def zone_of(self, name: str) -> int | None:
+        """The id of the closest zone holding ``name`` (normalized), or None."""
+        best: tuple[int, int] | None = None
+        for index, zone in enumerate(self.zones):
+            if is_within(name, zone.name) and (best is None or len(zone.name) > best[0]):
+                best = (len(zone.name), index + 1)
+        return None if best is None else best[1]
+
+
+# Record types a zone may carry as static records, with how their content is checked.
+STATIC_TYPES = ("A", "AAAA", "CNAME", "MX", "NS", "TXT", "SRV", "CAA", "PTR")
+
+
+class _Reader:
+    """Collects every problem of a document, each with its path."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}" if path else message)
+
+    def mapping(
+        self,
+        value: object,
+        path: str,
+        required: tuple[str, ...],
+        optional: tuple[str, ...] = (),
+    ) -> Mapping[str, Any] | None:
+        if not isinstance(value, Mapping):
+            self.fail(path, f"must be an object, not {_kind(value)}")
+            return None
+        for key in value:
+            if key not in required and key not in optional:
+                self.fail(_join(path, str(key)), "unknown field")
+        for key in required:
+            if key not in value:
+                self.fail(_join(path, key), "missing")
+        return value
+
+    def integer(self, value: object, path: str, low: int, high: int) -> int | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"must be an integer, not {_kind(value)}")
+            return None
+        if not low <= value <= high:
+            self.fail(path, f"must be between {low} and {high}, not {value}")
+            return None
+        return value
+
+    def number(self, value: object, path: str, low: float, high: float = math.inf) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(path, f"must be a number, not {_kind(value)}")
+            return None
+        number = float(value)
+        if not math.isfinite(number) or not low <= number <= high:
+            bound = f"at least {low}" if high == math.inf else f"between {low} and {high}"
+            self.fail(path, f"must be {bound}, not {value}")
+            return None
+        return number
+
+    def text(self, value: object, path: str) -> str | None:
+        if not isinstance(value, str):
+            self.fail(path, f"must be a string, not {_kind(value)}")
+            return None
+        if not value or any(c in value for c in "\t\n\r\0"):
+            self.fail(path, "must be non-empty and hold no tab, newline or NUL")
+            return None
+        return value
+
+    def name(self, value: object, path: str, *, wildcard: bool = False) -> str | None:
+        text = self.text(value, path)
+        if text is None:
+            return None
+        name = normalize(text)
+        problem = name_problem(name, wildcard=wildcard)
+        if problem:
+            self.fail(path, f"{text!r} is not a valid DNS name: {problem}")
+            return None
+        return name
+
+    def choice(self, value: object, path: str, enum: type[_E]) -> _E | None:
+        if isinstance(value, str):
+            try:
+                return enum(value)
+            except ValueError:
+                pass
+        allowed = ", ".join(member.value for member in enum)
+        self.fail(path, f"must be one of {allowed}, not {value!r}")
+        return None
+
+    def items(self, value: object, path: str) -> list[Any]:
+        if not isinstance(value, list):
+            self.fail(path, f"must be a list, not {_kind(value)}")
+            return []
+        return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def parse_plan(document: object) -> Plan:
+    """Validate a decoded plan document and build the :class:`Plan`.
+
+    Raises :class:`PlanError` listing every problem found, each with its path.
+    """
+    reader = _Reader()
+    top = reader.mapping(
+        document,
+        "",
+        required=("format", "version", "zones"),
+        optional=("generated_at", "stale_after", "pools"),
+    )
+    if top is None:
+        raise PlanError("invalid plan", reader.problems)
+    if "format" in top and top["format"] != FORMAT:
+        reader.fail("format", f"this dnslb reads plan format {FORMAT}, not {top['format']!r}")
+    version = reader.integer(top.get("version"), "version", 0, 2**63 - 1) if "version" in top else 0
+    generated_at = None
+    if top.get("generated_at") is not None:
+        generated_at = reader.number(top["generated_at"], "generated_at", 0.0)
+    stale_after = None
+    if top.get("stale_after") is not None:
+        stale_after = reader.number(top["stale_after"], "stale_after", 0.001)
+
+    zone_items = reader.items(top["zones"], "zones") if "zones" in top else []
+    if top.get("zones") == []:
+        reader.fail("zones", "must hold at least one zone")
+    zones = tuple(
+        zone
+        for index, item in enumerate(zone_items)
+        if (zone := _parse_zone(reader, item, f"zones[{index}]", version or 0)) is not None
+    )
+    _check_unique(reader, [zone.name for zone in zones], "zones", "name", "zone")
+
+    pools: list[Pool] = []
+    for index, item in enumerate(reader.items(top.get("pools", []), "pools")):
+        pool = _parse_pool(reader, item, f"pools[{index}]")
+        if pool is None:
+            continue
+        if zones and not any(is_within(pool.name, zone.name) for zone in zones):
+            reader.fail(f"pools[{index}].name", f"{pool.name!r} is not inside any zone of the plan")
+        pools.append(pool)
+    _check_unique(reader, [pool.name for pool in pools], "pools", "name", "pool")
+    _check_pool_conflicts(reader, zones, pools)
+
+    if reader.problems or version is None:
+        raise PlanError("invalid plan", reader.problems)
+    return Plan(
+        version=version,
+        zones=zones,
+        pools=tuple(pools),
+        generated_at=generated_at,
+        stale_after=stale_after,
+    )
+
+
+def _check_unique(reader: _Reader, values: list[str], path: str, key: str, what: str) -> None:
+    seen: set[str] = set()
+    for index, value in enumerate(values):
+        if value in seen:
+            reader.fail(f"{path}[{index}].{key}", f"duplicate {what} {value!r}")
+        seen.add(value)
+
+
+def _check_pool_conflicts(reader: _Reader, zones: tuple[Zone, ...], pools: list[Pool]) -> None:
+    pool_names = {pool.name: index for index, pool in enumerate(pools)}
+    for z_index, zone in enumerate(zones):
+        for r_index, record in enumerate(zone.records):
+            if record.name in pool_names and record.type in ("A", "AAAA", "CNAME"):
+                reader.fail(
+                    f"zones[{z_index}].records[{r_index}]",
+                    f"{record.type} record for {record.name!r} conflicts with "
+                    f"pools[{pool_names[record.name]}] of the same name",
+                )
+
+
+def _parse_zone(reader: _Reader, item: object, path: str, version: int) -> Zone | None:
+    raw = reader.mapping(item, path, required=("name", "ns"), optional=("soa", "ns_ttl", "records"))
+    if raw is None:
+        return None
+    before = len(reader.problems)
+    name = reader.name(raw.get("name"), f"{path}.name")
+    ns = tuple(
+        ns_name
+        for index, value in enumerate(reader.items(raw.get("ns", []), f"{path}.ns"))
+        if (ns_name := reader.name(value, f"{path}.ns[{index}]")) is not None
+    )
+    if "ns" in raw and isinstance(raw["ns"], list) and not raw["ns"]:
+        reader.fail(f"{path}.ns", "must name at least one name server")
+    ns_ttl = reader.integer(raw.get("ns_ttl", 3600), f"{path}.ns_ttl", 0, MAX_TTL)
+    soa = _parse_soa(
+        reader, raw.get("soa", {}), f"{path}.soa", zone=name or "", ns=ns, version=version
+    )
+    records: list[Record] = []
+    for index, value in enumerate(reader.items(raw.get("records", []), f"{path}.records")):
+        record = _parse_record(reader, value, f"{path}.records[{index}]")
+        if record is None:
+            continue
+        if name and not is_within(record.name, name):
+            reader.fail(f"{path}.records[{index}].name", f"{record.name!r} is not inside {name!r}")
+        records.append(record)
+    if len(reader.problems) > before or name is None or soa is None or ns_ttl is None:
+        return None
+    return Zone(name=name, soa=soa, ns=ns, ns_ttl=ns_ttl, records=tuple(records))
+
+
+def _parse_soa(
+    reader: _Reader, item: object, path: str, *, zone: str, ns: tuple[str, ...], version: int
+) -> Soa | None:
+    fields = ("mname", "rname", "serial", "refresh", "retry", "expire", "minimum", "ttl")
+    raw = reader.mapping(item, path, required=(), optional=fields)
+    if raw is None:
+        return None
+    mname = reader.name(raw["mname"], f"{path}.mname") if "mname" in raw else None
+    rname = reader.name(raw["rname"], f"{path}.rname") if "rname" in raw else None
+    numbers: dict[str, int | None] = {}
+    for key, default in (
+        ("serial", version % 2**32),
+        ("refresh", 10800),
+        ("retry", 3600),
+        ("expire", 604800),
+        ("minimum", 60),
+        ("ttl", 3600),
+    ):
+        high = 2**32 - 1 if key == "serial" else MAX_TTL
+        numbers[key] = reader.integer(raw.get(key, default), f"{path}.{key}", 0, high)
+    if any(value is None for value in numbers.values()):
+        return None
+    values = {key: value for key, value in numbers.items() if value is not None}
+    return Soa(
+        mname=mname or (ns[0] if ns else f"ns1.{zone}"),
+        rname=rname or f"hostmaster.{zone}",
+        **values,
+    )
+
+
+def _parse_record(reader: _Reader, item: object, path: str) -> Record | None:
+    raw = reader.mapping(item, path, required=("name", "type", "content"), optional=("ttl",))
+    if raw is None:
+        return None
+    name = reader.name(raw.get("name"), f"{path}.name", wildcard=True)
+    rtype = raw.get("type")
+    if rtype not in STATIC_TYPES:
+        reader.fail(f"{path}.type", f"must be one of {', '.join(STATIC_TYPES)}, not {rtype!r}")
+        return None
+    ttl = reader.integer(raw.get("ttl", 3600), f"{path}.ttl", 0, MAX_TTL)
+    content = reader.text(raw.get("content"), f"{path}.content")
+    if content is not None:
+        content = _check_content(reader, rtype, content, f"{path}.content")
+    if name is None or ttl is None or content is None:
+        return None
+    return Record(name=name, type=rtype, ttl=ttl, content=content)
+
+
+def _check_content(reader: _Reader, rtype: str, content: str, path: str) -> str | None:
+    """Validate and normalize a static record's data; names lose their trailing dot."""
+    fields = content.split()
+    if rtype in ("A", "AAAA"):
+        address = _address(content.strip())
+        if address is None or (":" in address) != (rtype == "AAAA"):
+            reader.fail(
+                path, f"{content!r} is not an {'IPv6' if rtype == 'AAAA' else 'IPv4'} address"
+            )
+            return None
+        return address
+    if rtype in ("CNAME", "NS", "PTR"):
+        return reader.name(content, path)
+    if rtype == "MX":
+        if len(fields) != 2 or not fields[0].isdigit():
+            reader.fail(path, f"MX content must be 'preference exchange', not {content!r}")
+            return None
+        exchange = reader.name(fields[1], path)
+        return None if exchange is None else f"{int(fields[0])} {exchange}"
+    if rtype == "SRV":
+        if len(fields) != 4 or not all(part.isdigit() for part in fields[:3]):
+            reader.fail(path, f"SRV content must be 'priority weight port target', not {content!r}")
+            return None
+        target = reader.name(fields[3], path)
+        return None if target is None else " ".join([*fields[:3], target])
+    if rtype == "CAA" and (len(fields) < 3 or not fields[0].isdigit()):
+        reader.fail(path, f"CAA content must be 'flags tag value', not {content!r}")
+        return None
+    return content
+
+
+def _address(text: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def _parse_pool(reader: _Reader, item: object, path: str) -> Pool | None:
+    raw = reader.mapping(
+        item, path, required=("name", "members"), optional=("k", "ttl_floor", "fallback")
+    )
+    if raw is None:
+        return None
+    before = len(reader.problems)
+    name = reader.name(raw.get("name"), f"{path}.name")
+    k = reader.integer(raw.get("k", 4), f"{path}.k", 1, MAX_K)
+    ttl_floor = reader.integer(raw.get("ttl_floor", 5), f"{path}.ttl_floor", 0, MAX_TTL)
+    fallback = reader.choice(
+        raw.get("fallback", Fallback.FAIL_OPEN.value), f"{path}.fallback", Fallback
+    )
+    members: list[Member] = []
+    for index, value in enumerate(reader.items(raw.get("members", []), f"{path}.members")):
+        member = _parse_member(reader, value, f"{path}.members[{index}]")
+        if member is not None:
+            members.append(member)
+    _check_unique(reader, [m.id for m in members], f"{path}.members", "id", "member id")
+    _check_unique(reader, [m.address for m in members], f"{path}.members", "address", "address")
+    if len(reader.problems) > before or name is None or k is None or ttl_floor is None:
+        return None
+    if fallback is None:
+        return None
+    return Pool(name=name, members=tuple(members), k=k, ttl_floor=ttl_floor, fallback=fallback)
+
+
+def _parse_member(reader: _Reader, item: object, path: str) -> Member | None:
+    raw = reader.mapping(
+        item,
+        path,
+        required=("id", "address"),
+        optional=("weight", "ttl", "state", "utilization"),
+    )
+    if raw is None:
+        return None
+    before = len(reader.problems)
+    member_id = reader.text(raw.get("id"), f"{path}.id")
+    address = None
+    if "address" in raw:
+        address = _address(raw["address"]) if isinstance(raw["address"], str) else None
+        if address is None:
+            reader.fail(f"{path}.address", "not an IP address")
+    weight = reader.number(raw.get("weight", 1.0), f"{path}.weight", 0.0)
+    ttl = reader.integer(raw.get("ttl", 60), f"{path}.ttl", 0, MAX_TTL)
+    state = reader.choice(raw.get("state", MemberState.ACTIVE.value), f"{path}.state", MemberState)
+    utilization = reader.number(raw.get("utilization", 0.0), f"{path}.utilization", 0.0)
+    if len(reader.problems) > before or member_id is None or address is None or weight is None:
+        return None
+    if ttl is None or state is None or utilization is None:
+        return None
+    return Member(
+        id=member_id,
+        address=address,
+        weight=weight,
+        ttl=ttl,
+        state=state,
+        utilization=utilization,
+    )
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as a JSON-ready document that :func:`parse_plan` reads back unchanged."""
+    return {
+        "format": FORMAT,
+        "version": plan.version,
+        "generated_at": plan.generated_at,
+        "stale_after": plan.stale_after,
+        "zones": [
+            {
+                "name": zone.name,
+                "soa": {
+                    "mname": zone.soa.mname,
+                    "rname": zone.soa.rname,
+                    "serial": zone.soa.serial,
+                    "refresh": zone.soa.refresh,
+                    "retry": zone.soa.retry,
+                    "expire": zone.soa.expire,
+                    "minimum": zone.soa.minimum,
+                    "ttl": zone.soa.ttl,
+                },
+                "ns": list(zone.ns),
+                "ns_ttl": zone.ns_ttl,
+                "records": [
+                    {"name": r.name, "type": r.type, "ttl": r.ttl, "content": r.content}
+                    for r in zone.records
+                ],
+            }
+            for zone in plan.zones
+        ],
+        "pools": [
+            {
+                "name": pool.name,
+                "k": pool.k,
+                "ttl_floor": pool.ttl_floor,
+                "fallback": pool.fallback.value,
+                "members": [
+                    {
+                        "id": m.id,
+                        "address": m.address,
+                        "weight": m.weight,
+                        "ttl": m.ttl,
+                        "state": m.state.value,
+                        "utilization": m.utilization,
+                    }
+                    for m in pool.members
+                ],
+            }
+            for pool in plan.pools
+        ],
+    }
+
+
+def plan_to_json(plan: Plan) -> str:
+    """The plan as compact JSON text with a trailing newline."""
+    return json.dumps(plan_to_dict(plan), separators=(",", ":")) + "\n"
+
+
+def parse_plan_json(text: str | bytes) -> Plan:
+    """Decode JSON text and validate it as a plan; every failure is a :class:`PlanError`."""
+    try:
+        document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and duplicate keys
+        raise PlanError("invalid plan", [f"not valid JSON: {exc}"]) from None
+    return parse_plan(document)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+__all__ = [
+    "FORMAT",
+    "Fallback",
+    "Member",
+    "MemberState",
+    "Plan",
+    "Pool",
+    "Record",
+    "Soa",
+    "Zone",
+    "parse_plan",
+    "parse_plan_json",
+    "plan_to_dict",
+    "plan_to_json",
+]

@@ -1,0 +1,85 @@
+"""Where plans are published and read: a small base class, its implementations, and
+:func:`open_store` to pick one from a location string.
+
+The manager calls :meth:`PlanStore.publish`; every pipe backend polls :meth:`PlanStore.stamp`
+(cheap: a ``stat`` of a file, or one small key) and calls :meth:`PlanStore.read` only when the
+stamp changed. Publishing is atomic: a reader sees the old plan or the new one, never a mix.
+
+Only the standard library is used here: the pipe backend imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Hashable
+from pathlib import Path
+
+from dnslb.errors import ConfigError
+from dnslb.plan import Plan, parse_plan_json, plan_to_json
+
+
+class PlanStore(ABC):
+    """A place plans are published to and read from."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the plan lives, for logs and status lines."""
+
+    @abstractmethod
+    def publish(self, plan: Plan) -> None:
+        """Make ``plan`` the current plan, atomically."""
+
+    @abstractmethod
+    def stamp(self) -> Hashable | None:
+        """A cheap value that changes whenever the published plan changes; None if there is none."""
+
+    @abstractmethod
+    def read(self) -> Plan:
+        """The current plan; raises :class:`~dnslb.errors.PlanError` or ``OSError``."""
+
+
+class FilePlanStore(PlanStore):
+    """A plan in a JSON file, replaced by write + fsync + rename."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    def publish(self, plan: Plan) -> None:
+        text = plan_to_json(plan).encode("utf-8")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(temp, 0o644)
+            os.replace(temp, self.path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+
+    def stamp(self) -> Hashable | None:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+    def read(self) -> Plan:
+        return parse_plan_json(self.path.read_bytes())
+
+
+def open_store(location: str) -> PlanStore:
+    """The store at ``location``: a file path, or a ``file://`` URL."""
+    if location.startswith("file://"):
+        return FilePlanStore(location.removeprefix("file://"))
+    if "://" in location:
+        scheme = location.split("://", 1)[0]
+        raise ConfigError("plan location", [f"{location}: unsupported plan store {scheme!r}"])
+    return FilePlanStore(location)

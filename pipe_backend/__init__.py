@@ -1,0 +1,1 @@
+"""The PowerDNS pipe backend coprocess: answers load-balanced names from the plan."""

@@ -1,0 +1,164 @@
+"""A plan compiled into ready replies: everything a query needs is computed here, once per plan.
+
+:func:`compile_plan` turns a :class:`~dnslb.plan.Plan` into an :class:`AnswerTable`: per lower-case
+name and query type either fixed fragments (SOA, NS, static records) or an endless iterator of
+fragments (load-balanced names: the pool's answer cycle from :func:`dnslb.selection.pool_answers`,
+walked by :func:`dnslb.selection.rotation`). Answering a query is then a dict lookup, ``next()``
+and one ``bytes.join``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dnslb.plan import MemberState, Plan, Pool
+from dnslb.selection import Answer, pool_answers, rotation
+from pipe_backend.protocol import END, Fragments, Rdata, concat, data_line, fragments
+
+Reply = Fragments | Iterator[Fragments]
+"""Fixed fragments, or an iterator giving the next answer's fragments at each query."""
+
+
+@dataclass(slots=True)
+class AnswerTable:
+    """Replies by name (lower case bytes) and query type, and zone transfers by zone id."""
+
+    names: dict[bytes, dict[bytes, Reply]]
+    transfers: dict[int, bytes]
+    zone_names: dict[int, bytes]
+    pool_cache: dict[tuple[Pool, int, bool, int], dict[bytes, Reply]] = field(default_factory=dict)
+
+
+def compile_plan(
+    plan: Plan,
+    abi: int,
+    *,
+    stale: bool,
+    rng: random.Random,
+    previous: AnswerTable | None = None,
+) -> AnswerTable:
+    """Compile ``plan`` for PowerDNS ABI version ``abi``.
+
+    Pools unchanged since ``previous`` (same members, same ABI and staleness) keep their compiled
+    replies and their place in the cycle, so a plan that only refreshed its age costs little.
+    """
+    static: dict[str, list[tuple[Rdata, int]]] = defaultdict(list)
+    transfers: dict[int, list[bytes]] = defaultdict(list)
+    zone_names: dict[int, bytes] = {}
+    for zone_id, zone in enumerate(plan.zones, start=1):
+        zone_names[zone_id] = zone.name.encode("ascii")
+        apex = [Rdata("SOA", zone.soa.ttl, zone.soa.content())]
+        apex += [Rdata("NS", zone.ns_ttl, ns) for ns in zone.ns]
+        for rdata in apex:
+            static[zone.name].append((rdata, zone_id))
+            transfers[zone_id].append(data_line(abi, zone.name, rdata, zone_id))
+        for record in zone.records:
+            rdata = Rdata(record.type, record.ttl, record.content)
+            static[record.name].append((rdata, zone_id))
+            transfers[zone_id].append(data_line(abi, record.name, rdata, zone_id))
+
+    names: dict[bytes, dict[bytes, Reply]] = {}
+    for name, records in static.items():
+        names[name.encode("ascii")] = _static_replies(abi, records)
+
+    pool_cache: dict[tuple[Pool, int, bool, int], dict[bytes, Reply]] = {}
+    old_cache = previous.pool_cache if previous is not None else {}
+    for pool in plan.pools:
+        zone_id = plan.zone_of(pool.name) or 0
+        key = (pool, abi, stale, zone_id)
+        replies = old_cache.get(key)
+        if replies is None:
+            prefix = names.get(pool.name.encode("ascii"), {})
+            replies = _pool_replies(abi, pool, zone_id, prefix, stale=stale, rng=rng)
+        pool_cache[key] = replies
+        names[pool.name.encode("ascii")] = replies
+        for member in pool.members:
+            if member.state is MemberState.ACTIVE:
+                rtype = "AAAA" if member.ipv6 else "A"
+                rdata = Rdata(rtype, max(member.ttl, pool.ttl_floor), member.address)
+                transfers[zone_id].append(data_line(abi, pool.name, rdata, zone_id))
+
+    return AnswerTable(
+        names=names,
+        transfers={zone_id: b"".join(lines) + END for zone_id, lines in transfers.items()},
+        zone_names=zone_names,
+        pool_cache=pool_cache,
+    )
+
+
+def _static_replies(abi: int, records: list[tuple[Rdata, int]]) -> dict[bytes, Reply]:
+    by_type: dict[str, list[tuple[Rdata, int]]] = defaultdict(list)
+    for rdata, zone_id in records:
+        by_type[rdata.type].append((rdata, zone_id))
+    replies: dict[bytes, Reply] = {}
+    for rtype, typed in by_type.items():
+        replies[rtype.encode("ascii")] = _join_zones(abi, typed)
+    replies[b"ANY"] = _join_zones(abi, records)
+    return replies
+
+
+def _join_zones(abi: int, records: list[tuple[Rdata, int]]) -> Fragments:
+    """Fragments of records that may come from different zones (a zone apex below another)."""
+    result: Fragments = (END,)
+    for rdata, zone_id in reversed(records):
+        result = concat(fragments(abi, (rdata,), zone_id, end=False), result)
+    return result
+
+
+def _pool_replies(
+    abi: int,
+    pool: Pool,
+    zone_id: int,
+    static: dict[bytes, Reply],
+    *,
+    stale: bool,
+    rng: random.Random,
+) -> dict[bytes, Reply]:
+    """Replies of a load-balanced name: A, AAAA and ANY cycles, after any static records."""
+    answers = pool_answers(pool, stale=stale)
+    v4 = [_answer_fragments(abi, answer, zone_id, "A") for answer in answers.v4]
+    v6 = [_answer_fragments(abi, answer, zone_id, "AAAA") for answer in answers.v6]
+    replies: dict[bytes, Reply] = dict(static)
+    # The plan never holds static A, AAAA or CNAME records at a pool's name.
+    replies[b"A"] = _cycle(v4, rng)
+    replies[b"AAAA"] = _cycle(v6, rng)
+    any_static = static.get(b"ANY")
+    has_v4 = any(answer.members for answer in answers.v4)
+    has_v6 = any(answer.members for answer in answers.v6)
+    if has_v4 and has_v6:
+        # Two cycles of different lengths: each query takes the next answer of both.
+        first = _cycle(_with_static(any_static, [_open(f) for f in v4]), rng)
+        second = _cycle(v6, rng)
+        replies[b"ANY"] = map(concat, first, second)  # type: ignore[arg-type]
+    else:
+        replies[b"ANY"] = _cycle(_with_static(any_static, v6 if has_v6 else v4), rng)
+    return replies
+
+
+def _answer_fragments(abi: int, answer: Answer, zone_id: int, rtype: str) -> Fragments:
+    records = [Rdata(rtype, answer.ttl, member.address, dynamic=True) for member in answer.members]
+    return fragments(abi, records, zone_id)
+
+
+def _open(reply: Fragments) -> Fragments:
+    """The same reply without its closing END, to be followed by another part."""
+    return (*reply[:-1], reply[-1].removesuffix(END))
+
+
+def _with_static(static: Reply | None, answers: list[Fragments]) -> list[Fragments]:
+    if static is None:
+        return answers
+    assert isinstance(static, tuple), "static replies are fixed fragments"
+    return [concat(_open(static), answer) for answer in answers]
+
+
+def _cycle(answers: list[Fragments], rng: random.Random) -> Reply:
+    if len(answers) == 1:
+        return answers[0]
+    return rotation(answers, random.Random(rng.getrandbits(64)))
+
+
+__all__ = ["AnswerTable", "Reply", "compile_plan"]
