@@ -49,7 +49,7 @@ def _pipe_backend(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
     import random  # noqa: PLC0415
 
-    from dnslb.plan_store import open_store  # noqa: PLC0415
+    from dnslb.plan_store import last_good_store, open_store  # noqa: PLC0415
     from pipe_backend.backend import PipeBackend  # noqa: PLC0415
 
     logging.basicConfig(
@@ -58,7 +58,13 @@ def _pipe_backend(args: argparse.Namespace) -> int:
         format=f"dnslb pipe-backend[{os.getpid()}]: %(levelname)s %(message)s",
     )
     rng = random.Random(args.seed) if args.seed is not None else random.Random()
-    backend = PipeBackend(open_store(args.plan), rng=rng, poll_interval=args.poll_interval)
+    store = open_store(args.plan)
+    backend = PipeBackend(
+        store,
+        last_good=last_good_store(store),
+        rng=rng,
+        poll_interval=args.poll_interval,
+    )
     backend.poll(force=True)
     with contextlib.suppress(BrokenPipeError):  # PowerDNS went away mid-reply
         backend.serve(sys.stdin.fileno(), sys.stdout.fileno())

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dnslb.plan_store import FilePlanStore
+from dnslb.plan_store import FilePlanStore, last_good_store
 from pipe_backend.backend import PipeBackend
 from pipe_backend.protocol import MAX_LINE
 from tests.conftest import plan_doc, write_plan
@@ -400,3 +400,43 @@ def test_the_command_runs_as_a_coprocess(plan_path: Path) -> None:
     assert "plan version: 7" in out
     assert out.endswith("FAIL\n")
     assert "plan v7 loaded" in result.stderr.decode()
+
+
+def test_a_coprocess_started_while_the_plan_is_broken_serves_the_last_good_one(
+    plan_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FilePlanStore(plan_path)
+    last_good = last_good_store(store)
+    assert last_good is not None
+    first = PipeBackend(store, last_good=last_good)
+    first.poll(force=True)  # loads v7 and keeps a copy
+    plan_path.write_text('{"format": 1, "vers')  # an editor half-way through saving
+    later = PipeBackend(store, last_good=last_good)
+    with caplog.at_level(logging.ERROR, logger="dnslb.pipe_backend"):
+        later.poll(force=True)
+    assert later.plan is not None and later.plan.version == 7
+    assert "serving the last good plan v7" in caplog.text
+    later.handle(b"HELO\t5")
+    assert parse_reply(5, later.handle(q_line(5, "www.example.test", "A")))
+
+
+def test_an_unwritable_last_good_place_is_logged_once_and_ignored(
+    plan_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "no-such-dir-file"
+    blocked.write_text("a file, so nothing can be created below it")
+    clock = Clock()
+    backend = PipeBackend(
+        FilePlanStore(plan_path),
+        last_good=FilePlanStore(blocked / "sub" / "last-good.json"),
+        monotonic=clock,
+        wall=clock,
+    )
+    with caplog.at_level(logging.WARNING, logger="dnslb.pipe_backend"):
+        backend.poll(force=True)
+        for version in (8, 9):
+            write_plan(plan_path, plan_doc(version=version))
+            clock.now += 0.3
+            backend.poll()
+    assert backend.plan is not None and backend.plan.version == 9
+    assert caplog.text.count("cannot keep a last good plan") == 1
