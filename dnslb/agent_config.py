@@ -19,6 +19,8 @@ A minimal file::
 
 from __future__ import annotations
 
+import os
+import sys
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,10 +39,12 @@ def _url_problem(name: str, url: str) -> str | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NginxSourceConfig:
-    """Requests in progress from nginx's ``stub_status`` page: Reading + Writing, less the status
-    request itself."""
+    """Requests in progress from nginx's `stub_status` page (Reading + Writing - 1).
 
-    type: Literal["nginx"] = setting("nginx", help="`nginx`")
+    The status request itself is one of the Writing; nginx cannot know its capacity.
+    """
+
+    type: Literal["nginx"] = setting("nginx", help="selects this source")
     url: str = setting(
         "http://127.0.0.1/nginx_status",
         help="the `stub_status` page (must allow the agent's address)",
@@ -58,10 +62,12 @@ class NginxSourceConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PortSourceConfig:
-    """Requests in progress as the established TCP connections to a local port (one request per
-    connection: right for servers without keep-alive, an upper bound with it)."""
+    """Requests in progress as the established TCP connections to a local port.
 
-    type: Literal["port"] = setting("port", help="`port`")
+    One request per connection: right for servers without keep-alive, an upper bound with it.
+    """
+
+    type: Literal["port"] = setting("port", help="selects this source")
     port: int = setting(help="the local TCP port the service listens on", min=1, max=65535)
     max_concurrency: int = setting(
         help="connections this server serves at once at full load", min=1
@@ -70,10 +76,12 @@ class PortSourceConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JsonSourceConfig:
-    """Requests in progress from the application itself: a URL answering
-    ``{"in_progress": n, "max_concurrency": m}`` (``served_total`` optional)."""
+    """Requests in progress from the application: `{"in_progress": n, "max_concurrency": m}`.
 
-    type: Literal["json"] = setting("json", help="`json`")
+    ``served_total`` in the answer is optional.
+    """
+
+    type: Literal["json"] = setting("json", help="selects this source")
     url: str = setting(help="the application's status URL")
     max_concurrency: int | None = setting(
         None, help="capacity to use when the application's answer has none", min=1
@@ -123,3 +131,8 @@ class AgentConfig:
     def reports_url(self) -> str:
         """Where reports are posted."""
         return self.manager_url.rstrip("/") + "/v1/reports"
+
+
+def agent_command(config_path: str | os.PathLike[str], *, python: str | None = None) -> list[str]:
+    """The command line that runs an agent on ``config_path`` (with this interpreter)."""
+    return [python or sys.executable, "-m", "dnslb", "agent", "--config", str(config_path)]

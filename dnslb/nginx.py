@@ -33,6 +33,7 @@ from dnslb.process import log_tail, stop_group
 
 DEFAULT_STATUS_PATH = "/nginx_status"
 CACHE_ZONE = "dnslb_cache"
+ORIGIN_UPSTREAM = "dnslb_origin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,8 @@ class NginxSettings:
             parsed = urllib.parse.urlsplit(self.origin)
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
                 found.append(f"origin: must be an http(s) URL, not {self.origin!r}")
+            elif parsed.query or parsed.fragment:
+                found.append(f"origin: must not have a query or fragment: {self.origin!r}")
             elif any(c in self.origin for c in " ;{}'\""):
                 found.append(f"origin: must not contain spaces, quotes or ;{{}}: {self.origin!r}")
         for name in ("worker_processes", "worker_connections", "cache_max_size_mb"):
@@ -111,13 +114,36 @@ def render_config(settings: NginxSettings, workdir: str | os.PathLike[str]) -> s
     user_line = f"user {user};\n" if user else ""
     host = f"[{settings.address}]" if ":" in settings.address else settings.address
     access_log = f"access_log {work}/access.log;" if settings.access_log else "access_log off;"
+    cache = upstream = ""
     if settings.origin is None:
         content = "        location / {\n            return 404;\n        }\n"
     else:
+        origin = urllib.parse.urlsplit(settings.origin)
+        # An upstream block, so that connections to the origin are kept alive and reused.
+        upstream = (
+            f"    upstream {ORIGIN_UPSTREAM} {{\n"
+            f"        server {origin.netloc};\n"
+            f"        keepalive 32;\n"
+            f"    }}\n\n"
+        )
+        # (A cache zone starts a cache manager and a cache loader process: only with an origin.)
+        cache = (
+            f"    proxy_cache_path {work}/cache levels=1:2 keys_zone={CACHE_ZONE}:10m\n"
+            f"                     max_size={settings.cache_max_size_mb}m inactive=10m"
+            " use_temp_path=off;\n\n"
+        )
+        # With a path, nginx puts it in place of the location's "/": "/a" must map to
+        # "/base/a", not "/basea". Without one, the request URI goes through unchanged.
+        path = origin.path.rstrip("/") + "/" if origin.path not in ("", "/") else ""
+        tls = ""
+        if origin.scheme == "https":  # the upstream's name is ours; SNI needs the origin's
+            indent = " " * 12
+            tls = f"{indent}proxy_ssl_server_name on;\n{indent}proxy_ssl_name {origin.hostname};\n"
         content = f"""\
         location / {{
-            proxy_pass {settings.origin};
-            # Keep-alive to the origin needs HTTP/1.1 and no "Connection: close" from us.
+            proxy_pass {origin.scheme}://{ORIGIN_UPSTREAM}{path};
+            proxy_set_header Host {origin.netloc};
+{tls}            # Keep-alive to the origin needs HTTP/1.1 and no "Connection: close" from us.
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_read_timeout {settings.origin_timeout_seconds}s;
@@ -152,10 +178,7 @@ http {{
     fastcgi_temp_path {work}/temp/fastcgi;
     uwsgi_temp_path {work}/temp/uwsgi;
     scgi_temp_path {work}/temp/scgi;
-    proxy_cache_path {work}/cache levels=1:2 keys_zone={CACHE_ZONE}:10m
-                     max_size={settings.cache_max_size_mb}m inactive=10m use_temp_path=off;
-
-    server {{
+{cache}{upstream}    server {{
         listen {host}:{settings.port};
 
         # The agent reads requests in progress here; nobody else may.

@@ -6,6 +6,7 @@ close every connection) even when a test fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -32,7 +33,10 @@ class Received:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    owner: Any
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up (the agent cancelled, the test stopping it) is not news.
+        pass
 
 
 class Receiver:
@@ -48,7 +52,7 @@ class Receiver:
         self.answer: tuple[int, bytes] = (204, b"")
         self.get_answer: tuple[int, bytes] = (200, b"{}")
         self.requests: list[Received] = []
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # wait_for's predicate takes it again
         self.changed = threading.Condition(self.lock)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -90,7 +94,11 @@ class Receiver:
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
-                self._record(self.rfile.read(length))
+                body = self.rfile.read(length)
+                if len(body) < length:  # the client gave up (a cancelled agent) mid-request
+                    self.close_connection = True
+                    return
+                self._record(body)
                 self._reply(*owner.answer)
 
             def do_GET(self) -> None:
@@ -115,10 +123,8 @@ class Receiver:
         server.server_close()
         with self.lock:
             for connection in list(self._connections):
-                try:
+                with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
         if self._thread is not None:
             self._thread.join(5)
 
