@@ -86,6 +86,34 @@ def _pdns_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _manager(args: argparse.Namespace) -> int:
+    import asyncio  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from manager.config import load_manager_config  # noqa: PLC0415
+    from manager.service import Manager  # noqa: PLC0415
+
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s dnslb manager: %(levelname)s %(message)s",
+    )
+    loaded = load_manager_config(args.config)
+    if args.check:
+        print(f"{args.config}: ok")
+        return 0
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await Manager(loaded).run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
 def _lab(args: argparse.Namespace) -> int:
     from dnslb.lab import run_lab  # noqa: PLC0415
 
@@ -123,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     pdns.add_argument("--threads", type=int, default=2, help="distributor threads (default 2)")
     pdns.add_argument("--socket-dir", default="/run/pdns", help="pdns control socket directory")
     pdns.set_defaults(handler=_pdns_config)
+
+    manager = commands.add_parser("manager", help="run the manager (reports in, plan out)")
+    manager.add_argument("--config", required=True, help="manager configuration (YAML)")
+    manager.add_argument("--check", action="store_true", help="validate the config and exit")
+    manager.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    manager.set_defaults(handler=_manager)
 
     lab = commands.add_parser("lab", help="run the local lab (PowerDNS + pipe backend)")
     lab.add_argument("--plan", default=None, help="plan to serve (default: the example plan)")

@@ -1,0 +1,1 @@
+"""The manager: collects utilization from agents, publishes the plan, scales the pools."""
