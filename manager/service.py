@@ -117,10 +117,11 @@ class Manager:
         """Assess every server, then publish the plan if it changed or is due; returns it then."""
         now = self.clock.monotonic()
         wall = self.clock.time()
-        for pool in self.fleet.pools.values():
-            for server in pool.servers.values():
-                self._assess(pool, server, now, wall)
-        return self._publish(now, wall)
+        with self.store.batch():
+            for pool in self.fleet.pools.values():
+                for server in pool.servers.values():
+                    self._assess(pool, server, now, wall)
+            return self._publish(now, wall)
 
     def _assess(self, pool: PoolRuntime, server: ServerRuntime, now: float, wall: float) -> None:
         healthy, reason = health_of(

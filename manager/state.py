@@ -9,9 +9,10 @@ or tick, so the synchronous ``sqlite3`` module on the event loop costs little (W
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,20 @@ class StateStore:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group the writes inside into one transaction (one commit per tick, not per event)."""
+        if self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     # -- meta ---------------------------------------------------------------------------------
 
