@@ -114,6 +114,19 @@ def _manager(args: argparse.Namespace) -> int:
     return 0
 
 
+def _docs(args: argparse.Namespace) -> int:
+    from dnslb.docgen import stale_docs, write_docs  # noqa: PLC0415
+
+    if args.check:
+        stale = stale_docs()
+        for path in stale:
+            print(f"{path}: configuration reference out of date (run: dnslb docs)", file=sys.stderr)
+        return 1 if stale else 0
+    for path in write_docs():
+        print(f"updated {path}")
+    return 0
+
+
 def _lab(args: argparse.Namespace) -> int:
     from dnslb.lab import run_lab  # noqa: PLC0415
 
@@ -159,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     manager.set_defaults(handler=_manager)
+
+    docs = commands.add_parser("docs", help="regenerate the configuration references in docs/")
+    docs.add_argument("--check", action="store_true", help="only check that they are current")
+    docs.set_defaults(handler=_docs)
 
     lab = commands.add_parser("lab", help="run the local lab (PowerDNS + pipe backend)")
     lab.add_argument("--plan", default=None, help="plan to serve (default: the example plan)")

@@ -71,9 +71,7 @@ class SoaConfig:
     """The zone's SOA record; serial follows the plan version."""
 
     mname: str | None = setting(None, help="primary name server (default: the first NS)")
-    rname: str | None = setting(
-        None, help="mailbox of the zone's owner (default hostmaster.<zone>)"
-    )
+    rname: str | None = setting(None, help="mailbox of the zone's owner (default hostmaster.ZONE)")
     refresh: int = setting(10800, help="SOA refresh", min=0)
     retry: int = setting(3600, help="SOA retry", min=0)
     expire: int = setting(604800, help="SOA expire", min=0)
@@ -169,7 +167,7 @@ class MemberConfig:
 class PoolConfig:
     """A load-balanced name and the servers behind it."""
 
-    name: str = setting(help="pool name; its DNS name is <name>.<zone> ('@': the zone apex)")
+    name: str = setting(help="pool name; its DNS name is NAME.ZONE ('@': the zone apex)")
     zone: str = setting(help="the zone the name is in (one of zones[].name)")
     policy: PoolPolicy = setting(default_factory=PoolPolicy, help="load policy")
     members: tuple[MemberConfig, ...] = setting(default_factory=tuple, help="static members")
