@@ -9,8 +9,9 @@ What it measures:
    side by side and dnsperf visits them in interleaved short rounds, so that this noisy machine's
    drift falls on both alike; the figure is the median QPS of each and the ratio pipe/bind. A
    third server, pdns + pipe with pdns's caches as :func:`dnslb.pdns.render_config` deploys them,
-   is measured in the same rounds for information. pdns's own counters give the pipe round trips
-   per query (``backend-queries`` / ``udp-queries``).
+   is measured in the same rounds for information. pdns's own counters give the backend queries
+   per DNS query (``backend-queries`` / ``udp-queries``: pipe round trips for a pipe backend), and
+   /proc the CPU that pdns_server and its coprocesses spent per DNS query.
 2. **Latency at a fixed rate.** dnsperf ``-Q 2000 -v`` (the verbose mode prints each response's
    latency; this dnsperf has no histogram option); p50 and p99 computed here, a lost query counted
    as slower than any answer.
@@ -20,7 +21,11 @@ What it measures:
    load and compile) is subtracted, giving microseconds per line. Then the same lines one at a
    time, each reply awaited before the next request (ping-pong, as pdns drives a coprocess), beside
    a trivial Python responder that answers ``END`` to every line: the floor of a round trip
-   through two pipes on this machine.
+   through two pipes on this machine. Both again pinned to one CPU, and the trivial one across
+   two CPUs: on a virtual machine a wake-up on another virtual CPU can cost several times the
+   whole round trip on one, which is what pdns pays per pipe round trip.
+
+The bare backend runs first, before any server is up; then the QPS rounds, then the latency rounds.
 
 Run it from the repository root with the project's virtualenv (Debian's python)::
 
@@ -54,8 +59,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from dnslb.errors import DnslbError
 from dnslb.pdns import PdnsServer, PdnsSettings, render_config
-from dnslb.plan import Member, Plan, Pool, Record, Soa, Zone, plan_to_json
+from dnslb.plan import Member, MemberState, Plan, Pool, Record, Soa, Zone, plan_to_json
+from dnslb.selection import answer_ttl
 
 ZONE = "bench.test"
 POOL = f"www.{ZONE}"
@@ -154,9 +161,10 @@ def zone_file(plan: Plan) -> str:
                 raise ValueError(f"zone_file: {record.type} records are not written")
             lines.append(f"{record.name}. {record.ttl} IN {record.type} {record.content}")
     for pool in plan.pools:
-        for member in pool.members:
+        active = [member for member in pool.members if member.state is MemberState.ACTIVE]
+        ttl = answer_ttl(active, pool, stale=False)  # the TTL of an answer holding them all
+        for member in active:
             rtype = "AAAA" if member.ipv6 else "A"
-            ttl = min(m.ttl for m in pool.members)
             lines.append(f"{pool.name}. {ttl} IN {rtype} {member.address}")
     return "\n".join(lines) + "\n"
 
@@ -198,7 +206,7 @@ def free_port(address: str, start: int, taken: set[int]) -> int:
             continue
         taken.add(port)
         return port
-    raise SystemExit(f"no free loopback port between {start} and 5499")
+    raise RuntimeError(f"no free loopback port between {start} and 5499")
 
 
 @dataclass(slots=True)
@@ -210,12 +218,27 @@ class Target:
     qps: list[float] = field(default_factory=list)
     response_size: int = 0
     latencies: list[float] = field(default_factory=list)  # seconds; inf for a lost query
+    round_p99s: list[float] = field(default_factory=list)
     backend_queries: int = 0
     udp_queries: int = 0
+    pdns_cpu: float = 0.0  # seconds of CPU used by pdns_server during the QPS rounds
+    backend_cpu: float = 0.0  # ... by its backend coprocesses
 
     @property
     def port(self) -> int:
         return self.server.settings.port
+
+    def cpu(self) -> tuple[float, dict[int, float]]:
+        """CPU seconds so far of pdns_server and of each of its child processes, by pid."""
+        assert self.server.process is not None
+        pid = self.server.process.pid
+        children: dict[int, float] = {}
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                for child in (task / "children").read_text().split():
+                    with contextlib.suppress(OSError):  # it may have just exited
+                        children[int(child)] = process_cpu(int(child))
+        return process_cpu(pid), children
 
     def counters(self) -> tuple[int, int]:
         """pdns's ``backend-queries`` and ``udp-queries`` so far."""
@@ -224,6 +247,19 @@ class Target:
         )
         values = dict(item.split("=", 1) for item in output.strip().strip(",").split(","))
         return int(values["backend-queries"]), int(values["udp-queries"])
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds a process's live threads have run, user and system.
+
+    From schedstat (nanoseconds) rather than stat's clock ticks: a short round or a few thousand
+    ping-pongs use only a few ticks.
+    """
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def start_servers(
@@ -344,11 +380,15 @@ def measure_ceiling(targets: list[Target], opts: Options, datafile: Path) -> Non
         # Rotating the order keeps any one server from always following the same neighbour.
         shift = round_index % len(targets)
         for target in targets[shift:] + targets[:shift]:
-            before = target.counters()
+            before, cpu_before = target.counters(), target.cpu()
             result = dnsperf(target.port, datafile, opts.round_seconds, opts.clients)
-            after = target.counters()
+            after, cpu_after = target.counters(), target.cpu()
             target.backend_queries += after[0] - before[0]
             target.udp_queries += after[1] - before[1]
+            target.pdns_cpu += cpu_after[0] - cpu_before[0]
+            target.backend_cpu += sum(
+                used - cpu_before[1].get(pid, 0.0) for pid, used in cpu_after[1].items()
+            )
             target.qps.append(result.qps)
             target.response_size = result.response_size
             if result.rcodes != f"NOERROR {result.completed} (100.00%)":
@@ -372,9 +412,10 @@ def measure_latency(targets: list[Target], opts: Options, datafile: Path) -> Non
                 verbose=True,
             )
             target.latencies += result.latencies
+            target.round_p99s.append(percentile(result.latencies, 99))
             say(
                 f"  round {round_index + 1}: {target.label:<16} {result.qps:>6,.0f} QPS, "
-                f"p99 {percentile(result.latencies, 99) * 1e3:.3f} ms"
+                f"p99 {target.round_p99s[-1] * 1e3:.3f} ms"
             )
 
 
@@ -465,7 +506,6 @@ def time_bulk(command: list[str], input_path: Path, log: Path) -> tuple[float, b
 class BulkResult:
     us_per_line: float
     startup_s: float
-    lines: int
 
 
 def measure_bulk(
@@ -486,36 +526,112 @@ def measure_bulk(
             raise RuntimeError(f"expected {len(lines)} END replies, got {replies}; see {log}")
     startup = statistics.median(startups)
     per_line = (statistics.median(totals) - startup) / len(lines)
-    return BulkResult(us_per_line=per_line * 1e6, startup_s=startup, lines=len(lines))
+    return BulkResult(us_per_line=per_line * 1e6, startup_s=startup)
 
 
-def ping_pong(command: list[str], lines: list[bytes], log: Path) -> list[float]:
-    """Seconds of each request's round trip, one request in flight at a time (as pdns does)."""
+def ping_pong(
+    command: list[str], lines: list[bytes], warm: int, log: Path, cpus: tuple[int, int] | None
+) -> tuple[list[float], float]:
+    """Seconds of each request's round trip, one request in flight at a time (as pdns does),
+    and the responder's CPU seconds, both without the first ``warm`` requests.
+
+    ``cpus`` pins this driver to the first CPU and the responder to the second.
+    """
+    if cpus is not None:
+        command = ["taskset", "-c", str(cpus[1]), *command]
     with open(log, "ab") as log_file:
         backend = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file
         )
+    affinity = os.sched_getaffinity(0)
+    if cpus is not None:
+        os.sched_setaffinity(0, {cpus[0]})
+    try:
+        return _drive(backend, lines, warm, log)
+    finally:
+        os.sched_setaffinity(0, affinity)
+
+
+def _drive(
+    backend: subprocess.Popen[bytes], lines: list[bytes], warm: int, log: Path
+) -> tuple[list[float], float]:
     assert backend.stdin is not None
     assert backend.stdout is not None
     to_backend, from_backend = backend.stdin.fileno(), backend.stdout.fileno()
     clock = time.perf_counter
     samples = []
+    cpu_before = 0.0
     with killed_after([backend], 120):
         os.write(to_backend, HELO)
         os.read(from_backend, 65536)  # OK banner (the trivial responder says END)
-        for line in lines:
+        for index, line in enumerate(lines):
+            if index == warm:
+                cpu_before = process_cpu(backend.pid)
             started = clock()
             os.write(to_backend, line)
             reply = os.read(from_backend, 65536)
             while not reply.endswith((b"END\n", b"FAIL\n")):
                 more = os.read(from_backend, 65536)
                 if not more:
-                    raise RuntimeError(f"{command[0]} closed its output mid-reply; see {log}")
+                    raise RuntimeError(f"the responder closed its output mid-reply; see {log}")
                 reply += more
             samples.append(clock() - started)
+        cpu = process_cpu(backend.pid) - cpu_before
         backend.stdin.close()
     backend.stdout.close()
-    return samples
+    return samples[warm:], cpu
+
+
+@dataclass(slots=True)
+class PingPong:
+    samples: list[float] = field(default_factory=list)
+    cpu: float = 0.0
+
+    @property
+    def mean_us(self) -> float:
+        return statistics.fmean(self.samples) * 1e6
+
+    @property
+    def p50_us(self) -> float:
+        return percentile(self.samples, 50) * 1e6
+
+    @property
+    def cpu_us(self) -> float:
+        return self.cpu / len(self.samples) * 1e6
+
+
+DNSLB, TRIVIAL = "dnslb backend", "trivial responder"
+DNSLB_SAME, TRIVIAL_SAME, TRIVIAL_ACROSS = "dnslb, same CPU", "trivial, same CPU", "trivial, 2 CPUs"
+
+
+def measure_ping_pong(
+    backend_command: list[str], lines: list[bytes], opts: Options, log: Path
+) -> dict[str, PingPong]:
+    """Round trips to the dnslb backend and to a trivial responder, placed by the scheduler and
+    pinned: on this VM a wake-up across virtual CPUs costs several times a round trip on one."""
+    trivial = [sys.executable, "-c", TRIVIAL_RESPONDER]
+    variants: list[tuple[str, list[str], tuple[int, int] | None]] = [
+        (DNSLB, backend_command, None),
+        (TRIVIAL, trivial, None),
+    ]
+    cpus = sorted(os.sched_getaffinity(0))
+    variants += [(DNSLB_SAME, backend_command, (cpus[0], cpus[0]))]
+    variants += [(TRIVIAL_SAME, trivial, (cpus[0], cpus[0]))]
+    if len(cpus) > 1:
+        variants.append((TRIVIAL_ACROSS, trivial, (cpus[0], cpus[1])))
+    results = {label: PingPong() for label, _, _ in variants}
+    # Alternating slices, each in a fresh process, so that a busy spell of this shared machine
+    # falls on every variant; the first requests of each process (first-use costs) are left out.
+    slices = 4
+    size = opts.pingpong_lines // slices
+    warm = size // 10
+    for index in range(slices):
+        part = lines[index * size : (index + 1) * size + warm]
+        for label, command, pinned in variants:
+            samples, cpu = ping_pong(command, part, warm, log, pinned)
+            results[label].samples += samples
+            results[label].cpu += cpu
+    return results
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -563,12 +679,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     signal.signal(signal.SIGTERM, _interrupt)
     workdir = Path(tempfile.mkdtemp(prefix="dnslb-bench-"))
+    started_in = Path.cwd()
+    # Every child (pdns_server and so its coprocesses) inherits this directory, where
+    # `python -m dnslb` puts the current directory first on sys.path: run from bench/, this
+    # script's own name would hide the pipe_backend package from the coprocess.
+    os.chdir(workdir)
     try:
         return _run(opts, workdir)
     except KeyboardInterrupt:
         say("interrupted; every process stopped")
         return 130
+    except (DnslbError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        say(f"benchmark failed: {exc}")
+        return 1
     finally:
+        os.chdir(started_in)
         if opts.keep:
             say(f"work directory kept: {workdir}")
         else:
@@ -588,24 +713,13 @@ def _run(opts: Options, workdir: Path) -> int:
     say(f"\n[1/3] bare backend: {opts.lines:,} request lines through pipes, {opts.repeats} repeats")
     bulk = measure_bulk(backend_command, lines, opts, workdir)
     say(f"  startup (HELO only) {bulk.startup_s * 1e3:.0f} ms, {bulk.us_per_line:.2f} us/line")
-    say(f"  ping-pong: {opts.pingpong_lines:,} requests, one at a time")
-    trivial = [sys.executable, "-c", TRIVIAL_RESPONDER]
-    dnslb_rtt: list[float] = []
-    floor_rtt: list[float] = []
-    # Alternating slices, each in a fresh process, so that a busy spell of this shared machine
-    # falls on both; the first requests of each process (first-use costs) are left out.
-    slices = 4
-    size = opts.pingpong_lines // slices
-    warm = size // 10
-    for index in range(slices):
-        part = lines[index * size : (index + 1) * size + warm]
-        dnslb_rtt += ping_pong(backend_command, part, workdir / "pingpong.log")[warm:]
-        floor_rtt += ping_pong(trivial, part, workdir / "pingpong.log")[warm:]
-    for label, samples in (("dnslb backend", dnslb_rtt), ("trivial responder", floor_rtt)):
+    say(f"  ping-pong: {opts.pingpong_lines:,} requests, one at a time, per responder")
+    pings = measure_ping_pong(backend_command, lines, opts, workdir / "pingpong.log")
+    for label, ping in pings.items():
         say(
-            f"  {label:<18} mean {statistics.fmean(samples) * 1e6:6.1f} us, "
-            f"p50 {percentile(samples, 50) * 1e6:6.1f} us, "
-            f"p99 {percentile(samples, 99) * 1e6:6.1f} us"
+            f"  {label:<22} mean {ping.mean_us:6.1f} us, p50 {ping.p50_us:6.1f} us, "
+            f"p99 {percentile(ping.samples, 99) * 1e6:6.1f} us per round trip; "
+            f"its CPU {ping.cpu_us:.1f} us per request"
         )
 
     datafile = workdir / "queries.txt"
@@ -627,19 +741,28 @@ def _run(opts: Options, workdir: Path) -> int:
         measure_latency(targets, opts, datafile)
 
     pipe, bind, cached = targets
-    say("\nper server (medians over rounds):")
+    say(
+        "\nper server: QPS median over rounds; backend queries and CPU per DNS query over all QPS"
+        f" rounds; latency over every response of the {FIXED_QPS} QPS rounds, and the median of"
+        " the rounds' p99s"
+    )
     say(
         f"  {'server':<16} {'QPS':>9} {'response':>9} {'backend q/query':>16} "
-        f"{'p50 ms':>8} {'p99 ms':>8} {'lost':>5}"
+        f"{'pdns CPU':>9} {'backend CPU':>12} {'p50 ms':>8} {'p99 ms':>8} {'rounds p99':>11} "
+        f"{'lost':>5}"
     )
     for target in targets:
         lost = sum(1 for value in target.latencies if math.isinf(value))
+        queries = max(target.udp_queries, 1)
         say(
             f"  {target.label:<16} {statistics.median(target.qps):>9,.0f} "
             f"{target.response_size:>7} B "
-            f"{target.backend_queries / max(target.udp_queries, 1):>16.2f} "
+            f"{target.backend_queries / queries:>16.2f} "
+            f"{target.pdns_cpu / queries * 1e6:>6.1f} us "
+            f"{target.backend_cpu / queries * 1e6:>9.1f} us "
             f"{percentile(target.latencies, 50) * 1e3:>8.3f} "
-            f"{percentile(target.latencies, 99) * 1e3:>8.3f} {lost:>5}"
+            f"{percentile(target.latencies, 99) * 1e3:>8.3f} "
+            f"{statistics.median(target.round_p99s) * 1e3:>11.3f} {lost:>5}"
         )
 
     pipe_qps, bind_qps = statistics.median(pipe.qps), statistics.median(bind.qps)
@@ -673,14 +796,27 @@ def _run(opts: Options, workdir: Path) -> int:
         ),
         (
             "bare backend, ping-pong round trip",
-            f"mean {statistics.fmean(dnslb_rtt) * 1e6:.1f} us, "
-            f"p50 {percentile(dnslb_rtt, 50) * 1e6:.1f} us "
-            f"(floor {statistics.fmean(floor_rtt) * 1e6:.1f}, "
-            f"{percentile(floor_rtt, 50) * 1e6:.1f})",
+            f"mean {pings[DNSLB].mean_us:.1f} us, p50 {pings[DNSLB].p50_us:.1f} us "
+            f"(trivial responder {pings[TRIVIAL].mean_us:.1f}, {pings[TRIVIAL].p50_us:.1f})",
+            "none (info)",
+            None,
+        ),
+        (
+            "  same CPU: dnslb vs trivial, p50",
+            f"{pings[DNSLB_SAME].p50_us:.1f} us vs {pings[TRIVIAL_SAME].p50_us:.1f} us",
             "none (info)",
             None,
         ),
     ]
+    if TRIVIAL_ACROSS in pings:
+        rows.append(
+            (
+                "  trivial, same CPU vs 2 CPUs, p50",
+                f"{pings[TRIVIAL_SAME].p50_us:.1f} us vs {pings[TRIVIAL_ACROSS].p50_us:.1f} us",
+                "none (info)",
+                None,
+            )
+        )
     say(
         f"\nsummary (run took {time.monotonic() - began:.0f} s; 1-minute load average "
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after):"
