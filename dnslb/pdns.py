@@ -29,7 +29,8 @@ def pipe_command(plan: str | os.PathLike[str], *, python: str | None = None) -> 
     PowerDNS splits ``pipe-command`` on spaces and execs it, so the interpreter path must be
     absolute and no part may hold a space.
     """
-    command = [python or sys.executable, "-m", "dnslb", "pipe-backend", "--plan", str(plan)]
+    # -P: never put pdns's working directory on sys.path, where a stray module could shadow ours.
+    command = [python or sys.executable, "-P", "-m", "dnslb", "pipe-backend", "--plan", str(plan)]
     spaced = [part for part in command if " " in part or "\t" in part]
     if spaced:
         raise ConfigError(

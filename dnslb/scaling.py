@@ -39,7 +39,8 @@ class ScalingPolicy:
         60.0, help="seconds below th_low before a scale-in, and between scale-ins", min=0.0
     )
     boot_time: float = setting(
-        30.0, help="expected seconds from launch to serving: how far ahead demand is projected",
+        30.0,
+        help="expected seconds from launch to serving: how far ahead demand is projected",
         min=0.0,
     )
     max_step: int = setting(3, help="most servers launched at once", min=1)
@@ -51,7 +52,9 @@ class ScalingPolicy:
         if self.th_low >= self.th_high:
             yield f"th_low ({self.th_low}) must be below th_high ({self.th_high})"
         if self.min_servers > self.max_servers:
-            yield f"min_servers ({self.min_servers}) must not exceed max_servers ({self.max_servers})"
+            yield (
+                f"min_servers ({self.min_servers}) must not exceed max_servers ({self.max_servers})"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,13 +147,14 @@ def decide(
     policy: ScalingPolicy,
     now: float,
 ) -> Decision:
-    """The autoscaler's decision for a pool at ``now`` (after ``history`` got this tick's sample)."""
+    """The decision for a pool at ``now``; ``history`` already holds this tick's sample."""
     count = len(servers)
     active = [server for server in servers if server.active]
     booting = count - len(active)
     if count < policy.min_servers:
         missing = policy.min_servers - count
-        return Decision(launch=missing, reason=f"{count} servers, min_servers is {policy.min_servers}")
+        reason = f"{count} servers, min_servers is {policy.min_servers}"
+        return Decision(launch=missing, reason=reason)
     if not history.samples or not active:
         return Decision()
     current = history.samples[-1]

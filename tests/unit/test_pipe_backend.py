@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dnslb.pdns import pipe_command
 from dnslb.plan_store import FilePlanStore, last_good_store
 from pipe_backend.backend import PipeBackend
 from pipe_backend.protocol import MAX_LINE
@@ -440,3 +441,22 @@ def test_an_unwritable_last_good_place_is_logged_once_and_ignored(
             backend.poll()
     assert backend.plan is not None and backend.plan.version == 9
     assert caplog.text.count("cannot keep a last good plan") == 1
+
+
+def test_the_coprocess_ignores_modules_in_its_working_directory(
+    plan_path: Path, tmp_path: Path
+) -> None:
+    # pdns starts the coprocess in its own working directory; a stray pipe_backend.py there
+    # must not shadow the package.
+    (tmp_path / "pipe_backend.py").write_text("raise SystemExit('shadowed')\n")
+    (tmp_path / "dnslb.py").write_text("raise SystemExit('shadowed')\n")
+    result = subprocess.run(
+        pipe_command(plan_path),
+        input=b"HELO\t5\n" + q_line(5, "example.test", "SOA") + b"\n",
+        capture_output=True,
+        timeout=30,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert result.stdout.startswith(b"OK\tdnslb")
+    assert b"\tSOA\t" in result.stdout
