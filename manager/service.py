@@ -23,15 +23,18 @@ import logging
 
 from dnslb.clock import Clock, SystemClock
 from dnslb.model import ServerState
-from dnslb.plan import Plan
+from dnslb.plan import MemberState, Plan
 from dnslb.plan_store import FilePlanStore, PlanStore
 from dnslb.policy import update_load
+from dnslb.tokens import token_hash
 from manager.config import LoadedConfig, MemberConfig, PoolConfig
-from manager.fleet import Fleet, PoolRuntime, ServerRuntime, token_hash
+from manager.fleet import Fleet, PoolRuntime, ServerRuntime
 from manager.health import HealthChecker
 from manager.http import ASGIApp, HttpServer, ManagerApp, listen
 from manager.ingest import ReportIngest
+from manager.lifecycle import PROPAGATION, PoolLifecycle
 from manager.planner import build_plan, health_of, plan_zones
+from manager.providers import ProviderContext, create_provider
 from manager.state import ServerRecord, StateStore
 
 log = logging.getLogger("dnslb.manager")
@@ -59,6 +62,25 @@ class Manager:
         for pool in self.config.pools:
             self.fleet.add_pool(pool)
         self._restore()
+        self.lifecycles: dict[str, PoolLifecycle] = {}
+        providers_dir = loaded.path(self.config.state.path).parent / "providers"
+        for pool in self.config.pools:
+            if pool.provider is None:
+                continue
+            context = ProviderContext(
+                pool=pool.name,
+                state_dir=providers_dir / pool.name,
+                manager_url=self.config.http.url,
+                clock=self.clock,
+            )
+            self.lifecycles[pool.name] = PoolLifecycle(
+                pool=self.fleet.pools[pool.name],
+                fleet=self.fleet,
+                provider=create_provider(pool.provider, context),
+                scaling=pool.scaling,
+                config=pool.lifecycle,
+                clock=self.clock,
+            )
         self.ingest = ReportIngest(self.fleet, self.clock.monotonic, on_overload=self._overload)
         self.health = HealthChecker(self.fleet)
         self.started_at = self.clock.monotonic()
@@ -105,9 +127,7 @@ class Manager:
                 self.fleet.transition(
                     runtime, ServerState.TERMINATED, "no longer in the configuration", now=now
                 )
-                del self.fleet.servers[record.id]
-                if record.pool in self.fleet.pools:
-                    del self.fleet.pools[record.pool].servers[record.id]
+                self.fleet.forget(runtime)
             else:
                 self.fleet.adopt(record)
 
@@ -121,6 +141,8 @@ class Manager:
             for pool in self.fleet.pools.values():
                 for server in pool.servers.values():
                     self._assess(pool, server, now, wall)
+            for lifecycle in self.lifecycles.values():
+                lifecycle.tick(now, wall)
             return self._publish(now, wall)
 
     def _assess(self, pool: PoolRuntime, server: ServerRuntime, now: float, wall: float) -> None:
@@ -206,7 +228,32 @@ class Manager:
         self._content = content
         self._published_at = now
         self.plan = plan
+        self._note_answers(plan, wall)
         return plan
+
+    def _note_answers(self, plan: Plan, wall: float) -> None:
+        """Remember until when each server may be in resolvers' caches (drains wait for it)."""
+        for pool in plan.pools:
+            for member in pool.members:
+                if member.state in (MemberState.DRAINING, MemberState.DISABLED):
+                    continue
+                server = self.fleet.servers.get(member.id)
+                if server is None:
+                    continue
+                until = wall + max(member.ttl, pool.ttl_floor) + PROPAGATION
+                if server.answered_until is None or until > server.answered_until:
+                    server.answered_until = until
+
+    async def close(self) -> None:
+        """Stop background work and close the state database (what shutdown does)."""
+        for lifecycle in self.lifecycles.values():
+            await lifecycle.close()
+        self.store.close()
+
+    async def settle(self) -> None:
+        """Wait for the launches and terminations under way (tests)."""
+        for lifecycle in self.lifecycles.values():
+            await lifecycle.settle()
 
     def _overload(self) -> None:
         self._urgent.set()
@@ -247,7 +294,7 @@ class Manager:
             with contextlib.suppress(asyncio.CancelledError):
                 await serving
             sock.close()
-            self.store.close()
+            await self.close()
             log.info("manager stopped")
 
     def _safe_tick(self) -> None:
