@@ -240,8 +240,6 @@ class PoolConfig:
             yield f"name: {self.name!r}: {problem}"
         if self.scaling is not None and self.provider is None:
             yield "scaling: needs a provider that launches servers"
-        if self.scaling is None and self.provider is None and not self.members:
-            yield "members: a pool without a provider needs members"
         seen: set[str] = set()
         for member in self.members:
             if member.id in seen:
@@ -291,6 +289,7 @@ class LoadedConfig:
 
     config: ManagerConfig
     base: Path
+    source: str = "the configuration file"
 
     def path(self, value: str) -> Path:
         path = Path(value)
@@ -300,4 +299,4 @@ class LoadedConfig:
 def load_manager_config(path: str | Path) -> LoadedConfig:
     """Load ``path``; a :class:`~dnslb.errors.ConfigError` lists every problem."""
     config = load_config(path, ManagerConfig)
-    return LoadedConfig(config=config, base=Path(path).resolve().parent)
+    return LoadedConfig(config=config, base=Path(path).resolve().parent, source=str(path))
