@@ -80,6 +80,7 @@ class Manager:
         self.plan: Plan | None = None  # the last plan published
         self.tick_errors = 0
         self.tick_seconds = 0.0
+        self._answer_counts: tuple[float, dict[str, tuple[int, int]]] | None = None
         self._content: Plan | None = None
         self._published_at: float | None = None
         self._urgent = asyncio.Event()
@@ -438,6 +439,28 @@ class Manager:
                 until = wall + max(member.ttl, pool.ttl_floor) + PROPAGATION
                 if server.answered_until is None or until > server.answered_until:
                     server.answered_until = until
+
+    def answer_counts(self) -> dict[str, tuple[int, int]]:
+        """Per server id: (answers it came first in, answers it was in), summed over every pipe
+        backend that reported counts (read at most once a second)."""
+        now = self.clock.monotonic()
+        if self._answer_counts is not None and now - self._answer_counts[0] < 1.0:
+            return self._answer_counts[1]
+        totals: dict[str, tuple[int, int]] = {}
+        for document in self.publisher.read_stats():
+            pools = document.get("pools")
+            if not isinstance(pools, dict):
+                continue
+            for members in pools.values():
+                if not isinstance(members, dict):
+                    continue
+                for member, pair in members.items():
+                    if not (isinstance(pair, list) and len(pair) == 2):
+                        continue
+                    first, seen = totals.get(member, (0, 0))
+                    totals[member] = (first + int(pair[0]), seen + int(pair[1]))
+        self._answer_counts = (now, totals)
+        return totals
 
     async def close(self) -> None:
         """Stop background work and close the state database (what shutdown does)."""
