@@ -222,12 +222,13 @@ def _assign_actives(
         if node in target and kept[node] < target[node]:
             actives[index] = node
             kept[node] += 1
-    for index, node in enumerate(actives):
-        if node is None:
-            chosen = _pick_most_deficient(target, kept)
-            actives[index] = chosen
-            kept[chosen] += 1
-    return [node for node in actives if node is not None]
+    result: list[str] = []
+    for held in actives:
+        if held is None:
+            held = _pick_most_deficient(target, kept)
+            kept[held] += 1
+        result.append(held)
+    return result
 
 
 def _assign_backups(
