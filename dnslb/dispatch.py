@@ -224,10 +224,11 @@ def _assign_actives(
             kept[node] += 1
     result: list[str] = []
     for held in actives:
-        if held is None:
-            held = _pick_most_deficient(target, kept)
-            kept[held] += 1
-        result.append(held)
+        node = held
+        if node is None:
+            node = _pick_most_deficient(target, kept)
+            kept[node] += 1
+        result.append(node)
     return result
 
 
