@@ -224,11 +224,12 @@ def _assign_actives(
             kept[node] += 1
     result: list[str] = []
     for held in actives:
-        node = held
-        if node is None:
-            node = _pick_most_deficient(target, kept)
-            kept[node] += 1
-        result.append(node)
+        if held is not None:
+            result.append(held)
+            continue
+        chosen = _pick_most_deficient(target, kept)
+        kept[chosen] += 1
+        result.append(chosen)
     return result
 
 
