@@ -404,7 +404,9 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-    serving = threading.Thread(target=server.serve_forever, name="table-push", daemon=True)
+    serving = threading.Thread(
+        target=server.serve_forever, args=(0.1,), name="table-push", daemon=True
+    )
     serving.start()
     beating: threading.Thread | None = None
     if config.manager_url is not None:
