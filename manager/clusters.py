@@ -16,7 +16,8 @@ What it decides, each tick:
   comes back smoothly; a node at ``u = 1`` keeps ``weight_floor`` of a free node's share.
 * **Failover** at once: when a node of the table is no longer alive, its buckets go to their
   backups (:func:`dnslb.dispatch.failover`); no other bucket moves.
-* **Joins** (a live node not in the table) and **weight changes** rebuild the table with the
+* **Joins** (a node not in the table, alive for ``join_after`` seconds, so that a flapping
+  node does not pull buckets back and forth) and **weight changes** rebuild the table with the
   fewest moves (:func:`dnslb.dispatch.build_table`), but only when no push is still pending, at
   most once per ``min_rebuild_interval``, and for weight changes only when the rebuild would move
   at least ``rebalance_threshold`` of the buckets (hysteresis: small wobbles move nothing).
@@ -85,6 +86,7 @@ class ClusterSettings:
     smoothing: float = 0.3  # weight of the newest utilization sample (1 = no smoothing)
     rebalance_threshold: float = 0.05  # fraction of buckets a weight change must move
     min_rebuild_interval: float = 1.0  # seconds between rebuilds for joins and weights
+    join_after: float = 1.0  # a node (back) in service must stay alive this long to join
     push_timeout: float = 1.0
     retry_after: float = 0.2  # seconds before a failed push to a node is tried again
 
@@ -107,7 +109,7 @@ class ClusterSettings:
             problems.append("smoothing: must be more than 0 and at most 1")
         if not 0 <= self.rebalance_threshold <= 1:
             problems.append("rebalance_threshold: must be 0..1")
-        for name in ("min_rebuild_interval", "push_timeout", "retry_after"):
+        for name in ("min_rebuild_interval", "join_after", "push_timeout", "retry_after"):
             if not getattr(self, name) >= 0:
                 problems.append(f"{name}: must be >= 0")
         if problems:
@@ -198,6 +200,7 @@ class _Node:
     held_version: int | None = None
     pushing: bool = False
     retry_at: float = -math.inf
+    alive_since: float | None = None
 
 
 class ClusterController:
@@ -319,6 +322,11 @@ class ClusterController:
         the network: pushes run as tasks and report back through :meth:`_push_done`."""
         now = self.clock() if now is None else now
         alive = self.alive(now)
+        for node_id, state in self._nodes.items():
+            if node_id not in alive:
+                state.alive_since = None
+            elif state.alive_since is None:
+                state.alive_since = now
         if alive:
             self._decide(now, alive)
         self._start_pushes(now, alive)
@@ -330,7 +338,7 @@ class ClusterController:
             # node and move buckets again a second later.
             waited = now - (self._first_heard if self._first_heard is not None else now)
             if len(alive) == len(self._nodes) or waited >= self.settings.failover_after:
-                first = self._build(now, None)
+                first = self._build(self.weights(now), None)
                 self._install(now, first, "first table", f"nodes {', '.join(alive)}")
             return
         if self._newest_seen > table.version or self._conflict:
@@ -348,23 +356,29 @@ class ClusterController:
             return
         if self._pending(alive) or now - self._last_rebuild < self.settings.min_rebuild_interval:
             return
-        joined = [node for node in alive if node not in table.nodes]
+        members = set(table.nodes)
+        eligible = {
+            node: weight
+            for node, weight in self.weights(now).items()
+            if node in members
+            or now - (self._nodes[node].alive_since or now) >= self.settings.join_after
+        }
+        joined = sorted(set(eligible) - members)
         if joined:
-            self._install(now, self._build(now, table), "join", ", ".join(joined))
+            self._install(now, self._build(eligible, table), "join", ", ".join(joined))
             return
-        weights = self.weights(now)
-        target = quotas(weights, table.bucket_count)
+        target = quotas(eligible, table.bucket_count)
         shares = table.shares()
         moving = sum(max(0, count - target.get(node, 0)) for node, count in shares.items())
         if moving >= self.settings.rebalance_threshold * table.bucket_count and moving > 0:
-            rebuilt = self._build(now, table)
+            rebuilt = self._build(eligible, table)
             self._install(now, rebuilt, "rebalance", f"{moving} buckets follow the weights")
 
-    def _build(self, now: float, previous: BucketTable | None) -> BucketTable:
+    def _build(self, weights: dict[str, float], previous: BucketTable | None) -> BucketTable:
         version = max(self._newest_seen, previous.version if previous else 0) + 1
         return build_table(
             self.settings.name,
-            self.weights(now),
+            weights,
             version=version,
             seed=self.settings.seed,
             bucket_count=self.settings.bucket_count,

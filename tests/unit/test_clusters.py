@@ -267,7 +267,10 @@ def test_a_returning_node_joins_with_the_fewest_moves():
         without = cluster.table
         assert "n3" not in without.nodes
         cluster.agents.held.pop("n3")  # its agent restarted: fenced, holds nothing
-        await cluster.step(1.0)
+        await cluster.step(0.5)  # back: alive from now on
+        await cluster.step(0.9)
+        assert cluster.table == without  # join_after (1 s) has not passed: no join, no rebalance
+        await cluster.step(0.1)
         joined = cluster.table
         assert joined.shares()["n3"] == quotas(dict.fromkeys(NODES, 100.0), 256)["n3"]
         assert len(moved_buckets(without, joined)) == joined.shares()["n3"]
