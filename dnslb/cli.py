@@ -49,7 +49,7 @@ def _pipe_backend(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
     import random  # noqa: PLC0415
 
-    from dnslb.plan_store import open_store  # noqa: PLC0415
+    from dnslb.plan_store import last_good_store, open_store  # noqa: PLC0415
     from pipe_backend.backend import PipeBackend  # noqa: PLC0415
 
     logging.basicConfig(
@@ -58,7 +58,13 @@ def _pipe_backend(args: argparse.Namespace) -> int:
         format=f"dnslb pipe-backend[{os.getpid()}]: %(levelname)s %(message)s",
     )
     rng = random.Random(args.seed) if args.seed is not None else random.Random()
-    backend = PipeBackend(open_store(args.plan), rng=rng, poll_interval=args.poll_interval)
+    store = open_store(args.plan)
+    backend = PipeBackend(
+        store,
+        last_good=last_good_store(store),
+        rng=rng,
+        poll_interval=args.poll_interval,
+    )
     backend.poll(force=True)
     with contextlib.suppress(BrokenPipeError):  # PowerDNS went away mid-reply
         backend.serve(sys.stdin.fileno(), sys.stdout.fileno())
@@ -77,6 +83,47 @@ def _pdns_config(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     sys.stdout.write(render_config(settings, args.socket_dir))
+    return 0
+
+
+def _manager(args: argparse.Namespace) -> int:
+    import asyncio  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from manager.config import load_manager_config  # noqa: PLC0415
+    from manager.service import Manager  # noqa: PLC0415
+
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s dnslb manager: %(levelname)s %(message)s",
+    )
+    loaded = load_manager_config(args.config)
+    if args.check:
+        print(f"{args.config}: ok")
+        return 0
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await Manager(loaded).run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from dnslb.docgen import stale_docs, write_docs  # noqa: PLC0415
+
+    if args.check:
+        stale = stale_docs()
+        for path in stale:
+            print(f"{path}: configuration reference out of date (run: dnslb docs)", file=sys.stderr)
+        return 1 if stale else 0
+    for path in write_docs():
+        print(f"updated {path}")
     return 0
 
 
@@ -150,6 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
     pdns.add_argument("--threads", type=int, default=2, help="distributor threads (default 2)")
     pdns.add_argument("--socket-dir", default="/run/pdns", help="pdns control socket directory")
     pdns.set_defaults(handler=_pdns_config)
+
+    manager = commands.add_parser("manager", help="run the manager (reports in, plan out)")
+    manager.add_argument("--config", required=True, help="manager configuration (YAML)")
+    manager.add_argument("--check", action="store_true", help="validate the config and exit")
+    manager.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    manager.set_defaults(handler=_manager)
+
+    docs = commands.add_parser("docs", help="regenerate the configuration references in docs/")
+    docs.add_argument("--check", action="store_true", help="only check that they are current")
+    docs.set_defaults(handler=_docs)
 
     lab = commands.add_parser("lab", help="run the local lab (PowerDNS + pipe backend)")
     lab.add_argument("--plan", default=None, help="plan to serve (default: the example plan)")

@@ -29,7 +29,8 @@ def pipe_command(plan: str | os.PathLike[str], *, python: str | None = None) -> 
     PowerDNS splits ``pipe-command`` on spaces and execs it, so the interpreter path must be
     absolute and no part may hold a space.
     """
-    command = [python or sys.executable, "-m", "dnslb", "pipe-backend", "--plan", str(plan)]
+    # -P: never put pdns's working directory on sys.path, where a stray module could shadow ours.
+    command = [python or sys.executable, "-P", "-m", "dnslb", "pipe-backend", "--plan", str(plan)]
     spaced = [part for part in command if " " in part or "\t" in part]
     if spaced:
         raise ConfigError(
@@ -103,11 +104,23 @@ def find_pdns_server() -> str:
 
 
 class PdnsServer:
-    """A ``pdns_server`` child process serving a plan through the pipe backend."""
+    """A ``pdns_server`` child process serving a plan through the pipe backend.
 
-    def __init__(self, settings: PdnsSettings, workdir: str | os.PathLike[str]) -> None:
+    ``config`` replaces the rendered ``pdns.conf`` (a benchmark's other backend or cache
+    settings); it must listen on ``settings.address`` and ``settings.port``, which :meth:`start`
+    probes, and should put its ``socket-dir`` in ``workdir``.
+    """
+
+    def __init__(
+        self,
+        settings: PdnsSettings,
+        workdir: str | os.PathLike[str],
+        *,
+        config: str | None = None,
+    ) -> None:
         self.settings = settings
         self.workdir = Path(workdir)
+        self.config = config
         self.log_path = self.workdir / "pdns.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -115,7 +128,10 @@ class PdnsServer:
         """Start pdns_server and wait until it answers an SOA query for ``probe_name``."""
         binary = find_pdns_server()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "pdns.conf").write_text(render_config(self.settings, self.workdir))
+        config = (
+            self.config if self.config is not None else render_config(self.settings, self.workdir)
+        )
+        (self.workdir / "pdns.conf").write_text(config)
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
                 [binary, f"--config-dir={self.workdir}"],
@@ -156,14 +172,31 @@ class PdnsServer:
             process.wait()
         except ProcessLookupError:
             pass
-        with contextlib.suppress(ProcessLookupError):  # coprocesses end on EOF; make sure
-            os.killpg(process.pid, signal.SIGKILL)
+        wait_for_group_exit(process.pid)
 
     def __enter__(self) -> PdnsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def wait_for_group_exit(pgid: int, timeout: float = 5.0) -> None:
+    """Kill what is left of process group ``pgid`` and wait until it is gone.
+
+    PowerDNS's coprocesses end on their own at EOF; this makes sure and waits for the kernel to
+    reap them, so that a caller who checks finds nothing left.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    raise ProcessError(f"processes of group {pgid} still exist {timeout:.0f} s after SIGKILL")
 
 
 def soa_answers(address: str, port: int, name: str, timeout: float = 0.3) -> bool:

@@ -28,8 +28,8 @@ class PlanStore(ABC):
         """Where the plan lives, for logs and status lines."""
 
     @abstractmethod
-    def publish(self, plan: Plan) -> None:
-        """Make ``plan`` the current plan, atomically."""
+    def publish(self, plan: Plan, *, durable: bool = True) -> None:
+        """Make ``plan`` the current plan, atomically (and on stable storage if ``durable``)."""
 
     @abstractmethod
     def stamp(self) -> Hashable | None:
@@ -49,7 +49,7 @@ class FilePlanStore(PlanStore):
     def describe(self) -> str:
         return str(self.path)
 
-    def publish(self, plan: Plan) -> None:
+    def publish(self, plan: Plan, *, durable: bool = True) -> None:
         text = plan_to_json(plan).encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
@@ -57,7 +57,8 @@ class FilePlanStore(PlanStore):
             with os.fdopen(fd, "wb") as handle:
                 handle.write(text)
                 handle.flush()
-                os.fsync(handle.fileno())
+                if durable:
+                    os.fsync(handle.fileno())
             os.chmod(temp, 0o644)
             os.replace(temp, self.path)
         except BaseException:
@@ -83,3 +84,14 @@ def open_store(location: str) -> PlanStore:
         scheme = location.split("://", 1)[0]
         raise ConfigError("plan location", [f"{location}: unsupported plan store {scheme!r}"])
     return FilePlanStore(location)
+
+
+def last_good_store(store: PlanStore) -> PlanStore | None:
+    """Where a reader of ``store`` keeps its last good plan: beside a plan file, else nowhere.
+
+    A pipe backend that PowerDNS starts while the plan is unreadable (hand-edited, half-written)
+    serves this copy instead of nothing.
+    """
+    if isinstance(store, FilePlanStore):
+        return FilePlanStore(store.path.with_name(f".{store.path.name}.last-good"))
+    return None

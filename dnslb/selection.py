@@ -1,9 +1,9 @@
 """Which addresses a load-balanced name answers with: weighted round-robin over k distinct members.
 
 All of the work is done once per plan, not per query. A pool's active members get integer shares
-of a cycle (:func:`quantize`), the cycle spreads each member's slots evenly (:func:`interleave`, a
-stride schedule: any stretch of the cycle holds each member within one slot of its share), and
-every position of the cycle gets its answer: the first ``k`` distinct members met from there on
+of a cycle (:func:`quantize`), the cycle spreads each member's slots evenly (:func:`interleave`,
+WF2Q: any stretch of the cycle holds each member within two slots of its share), and every
+position of the cycle gets its answer: the first ``k`` distinct members met from there on
 (:func:`windows`). A query then only takes the next precomputed answer. The first address of the
 answers follows the weights exactly over a cycle; appearances follow them as far as ``k`` distinct
 addresses per answer allows (a member can appear at most once per answer).
@@ -17,6 +17,7 @@ The pipe backend and the simulator both answer through :func:`pool_answers`.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -51,13 +52,30 @@ def quantize(weights: Sequence[float], resolution: int = DEFAULT_RESOLUTION) -> 
 def interleave(counts: Sequence[int]) -> list[int]:
     """A cycle in which index ``i`` appears ``counts[i]`` times, each index evenly spread.
 
-    Index ``i``'s ``j``-th slot sits at virtual time ``(j + 0.5) / counts[i]``; ties go to the
-    lower index. Equal counts give plain round-robin ``0, 1, 2, ...``.
+    Worst-case fair weighted fair queueing (WF2Q): slot ``j`` of index ``i`` may start at virtual
+    time ``j / counts[i]`` and finishes at ``(j + 1) / counts[i]``; each step serves, among the
+    slots that may start, the one finishing first (ties to the lower index). Every prefix of the
+    cycle then holds each index within one slot of its exact share, so every stretch of it
+    holds each index within two. ``O(L log n)`` for a cycle of ``L`` slots over ``n`` indices.
+    Equal counts give plain round-robin ``0, 1, 2, ...``.
     """
-    slots = sorted(
-        ((j + 0.5) / count, index) for index, count in enumerate(counts) for j in range(count)
-    )
-    return [index for _, index in slots]
+    length = sum(counts)
+    waiting = [(0.0, index) for index, count in enumerate(counts) if count > 0]
+    heapq.heapify(waiting)
+    ready: list[tuple[float, int]] = []
+    served = [0] * len(counts)
+    cycle: list[int] = []
+    for step in range(length):
+        now = step / length + 1e-12
+        while waiting and waiting[0][0] <= now:
+            _, index = heapq.heappop(waiting)
+            heapq.heappush(ready, ((served[index] + 1) / counts[index], index))
+        _, index = heapq.heappop(ready)
+        cycle.append(index)
+        served[index] += 1
+        if served[index] < counts[index]:
+            heapq.heappush(waiting, (served[index] / counts[index], index))
+    return cycle
 
 
 def windows(cycle: Sequence[int], k: int) -> list[tuple[int, ...]]:

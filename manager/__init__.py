@@ -1,1 +1,2 @@
-"""The manager: turns agents' reports into plans and dispatch tables, and scales pools."""
+"""The manager: collects utilization from agents, publishes the plan, scales the pools, and keeps
+single-IP clusters' dispatch tables on their nodes (:mod:`manager.clusters`)."""

@@ -9,6 +9,7 @@ and one ``bytes.join``.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import defaultdict
 from collections.abc import Iterator
@@ -130,9 +131,8 @@ def _pool_replies(
     has_v6 = any(answer.members for answer in answers.v6)
     if has_v4 and has_v6:
         # Two cycles of different lengths: each query takes the next answer of both.
-        first = _cycle(_with_static(any_static, [_open(f) for f in v4]), rng)
-        second = _cycle(v6, rng)
-        replies[b"ANY"] = map(concat, first, second)  # type: ignore[arg-type]
+        first = _endless(_with_static(any_static, [_open(f) for f in v4]), rng)
+        replies[b"ANY"] = map(concat, first, _endless(v6, rng))
     else:
         replies[b"ANY"] = _cycle(_with_static(any_static, v6 if has_v6 else v4), rng)
     return replies
@@ -156,8 +156,13 @@ def _with_static(static: Reply | None, answers: list[Fragments]) -> list[Fragmen
 
 
 def _cycle(answers: list[Fragments], rng: random.Random) -> Reply:
+    """Fixed fragments for a single answer, else an endless rotation."""
+    return answers[0] if len(answers) == 1 else _endless(answers, rng)
+
+
+def _endless(answers: list[Fragments], rng: random.Random) -> Iterator[Fragments]:
     if len(answers) == 1:
-        return answers[0]
+        return itertools.repeat(answers[0])
     return rotation(answers, random.Random(rng.getrandbits(64)))
 
 

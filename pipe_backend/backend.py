@@ -39,12 +39,14 @@ class PipeBackend:
         self,
         store: PlanStore,
         *,
+        last_good: PlanStore | None = None,
         rng: random.Random | None = None,
         poll_interval: float = 0.25,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        self.last_good = last_good
         self.rng = rng if rng is not None else random.Random()
         self.poll_interval = poll_interval
         self.monotonic = monotonic
@@ -58,6 +60,8 @@ class PipeBackend:
         self._q_fields = 0  # no Q accepted before HELO
         self._stamp: Hashable | None = None
         self._next_poll = float("-inf")
+        self._kept_version: int | None = None  # version last written to last_good
+        self._keep_failed = False
 
     # -- plan -----------------------------------------------------------------------------------
 
@@ -79,19 +83,60 @@ class PipeBackend:
                 self._compile()
 
     def _load(self, stamp: Hashable | None) -> None:
+        plan, problem = self._read(stamp)
+        if plan is not None:
+            self._keep(plan)
+            self._install(plan, self.store)
+            return
+        if self.plan is None and self.last_good is not None:
+            kept = self._read_last_good()
+            if kept is not None:
+                log.error(
+                    "plan %s %s; serving the last good plan v%d",
+                    self.store.describe(),
+                    problem,
+                    kept.version,
+                )
+                self._install(kept, self.last_good)
+                return
         keeping = f"serving plan v{self.plan.version}" if self.plan else "no plan to serve yet"
+        log.error("plan %s %s; %s", self.store.describe(), problem, keeping)
+
+    def _read(self, stamp: Hashable | None) -> tuple[Plan | None, str]:
         if stamp is None:
-            log.error("plan %s is missing; %s", self.store.describe(), keeping)
+            return None, "is missing"
+        try:
+            return self.store.read(), ""
+        except (PlanError, OSError) as exc:
+            return None, f"not loaded ({exc})"
+
+    def _read_last_good(self) -> Plan | None:
+        if self.last_good is None or self.last_good.stamp() is None:
+            return None
+        try:
+            return self.last_good.read()
+        except (PlanError, OSError):
+            return None
+
+    def _keep(self, plan: Plan) -> None:
+        """Write ``plan`` where a coprocess started later finds it if the plan is unreadable."""
+        if self.last_good is None or plan.version == self._kept_version:
             return
         try:
-            plan = self.store.read()
-        except (PlanError, OSError) as exc:
-            log.error("plan %s not loaded (%s); %s", self.store.describe(), exc, keeping)
-            return
+            self.last_good.publish(plan, durable=False)
+            self._kept_version = plan.version
+        except OSError as exc:
+            if not self._keep_failed:
+                log.warning(
+                    "cannot keep a last good plan at %s: %s", self.last_good.describe(), exc
+                )
+                self._keep_failed = True
+
+    def _install(self, plan: Plan, source: PlanStore) -> None:
         if self.plan is not None and plan.version < self.plan.version:
             log.warning(
                 "plan %s went back from v%d to v%d; serving it",
-                self.store.describe(),
+                source.describe(),
                 self.plan.version,
                 plan.version,
             )
@@ -100,7 +145,7 @@ class PipeBackend:
         log.info(
             "plan v%d loaded from %s: %d zones, %d pools%s",
             plan.version,
-            self.store.describe(),
+            source.describe(),
             len(plan.zones),
             len(plan.pools),
             " (stale)" if self.stale else "",

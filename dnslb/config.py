@@ -1,0 +1,428 @@
+"""Configuration files: YAML loaded once into frozen dataclasses, every problem with file and line.
+
+A component declares its configuration as frozen dataclasses (the *schema*) and calls
+:func:`load_config`. The YAML is parsed with the safe loader into nodes that keep their position,
+then built field by field from the dataclasses' type hints:
+
+- ``str``, ``int``, ``float``, ``bool``, ``StrEnum`` subclasses, ``Literal[...]``;
+- nested dataclasses, ``tuple[T, ...]`` (from a YAML list), ``Mapping[str, T]``, ``T | None``;
+- a union of dataclasses told apart by their ``type: Literal["name"]`` field (plugins);
+- :class:`Secret`: written as a reference, ``env:NAME`` or ``file:/path``, never as the value.
+
+Unknown keys are errors; so are duplicate keys. A field's default comes from the dataclass;
+:func:`setting` adds bounds and the help text that :func:`reference` turns into documentation. A
+dataclass may define ``config_problems(self) -> Iterable[str]`` for rules across fields. Every
+problem is collected (``manager.yaml, line 12: pools[0].k: must be at least 1, not 0``) and
+raised together in one :class:`~dnslb.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import os
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from dnslb.errors import ConfigError
+
+_T = TypeVar("_T")
+
+
+class Secret:
+    """A secret resolved from its reference; its value is never shown in repr, logs or errors."""
+
+    __slots__ = ("_value", "reference")
+
+    def __init__(self, value: str, reference: str) -> None:
+        self._value = value
+        self.reference = reference
+
+    def reveal(self) -> str:
+        """The secret itself: only for the one place that needs it (a header, an API call)."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret({self.reference})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other.reference == self.reference
+
+    def __hash__(self) -> int:
+        return hash(self.reference)
+
+
+def resolve_secret(reference: str, *, base: Path | None = None) -> Secret:
+    """Resolve ``env:NAME`` or ``file:PATH`` (relative to ``base``); ValueError says why not."""
+    kind, _, target = reference.partition(":")
+    if kind == "env" and target:
+        value = os.environ.get(target)
+        if value is None:
+            raise ValueError(f"environment variable {target} is not set")
+        if not value.strip():
+            raise ValueError(f"environment variable {target} is empty")
+        return Secret(value.strip(), reference)
+    if kind == "file" and target:
+        path = Path(target)
+        if base is not None and not path.is_absolute():
+            path = base / path
+        try:
+            value = path.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        if not value:
+            raise ValueError(f"{path} is empty")
+        return Secret(value, reference)
+    raise ValueError("a secret must be a reference, env:NAME or file:PATH, never the value itself")
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    min: float | None = None,
+    max: float | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field with bounds and help text for the reference documentation."""
+    metadata = {"help": help, "min": min, "max": max}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+# -- building ---------------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, source: str, base: Path | None) -> None:
+        self.source = source
+        self.base = base
+        self.problems: list[str] = []
+        self._scalars = yaml.constructor.SafeConstructor()
+
+    def fail(self, node: yaml.Node | None, path: str, message: str) -> None:
+        where = self.source
+        if node is not None:
+            where += f", line {node.start_mark.line + 1}"
+        self.problems.append(f"{where}: {path}: {message}" if path else f"{where}: {message}")
+
+    def scalar(self, node: yaml.Node) -> Any:
+        return self._scalars.construct_object(node, deep=True)
+
+    def build(self, hint: Any, node: yaml.Node, path: str, meta: Mapping[str, Any]) -> Any:
+        origin = typing.get_origin(hint)
+        args = typing.get_args(hint)
+        if origin in (typing.Union, types.UnionType):
+            options = [arg for arg in args if arg is not type(None)]
+            is_null = isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+            if is_null and len(options) < len(args):
+                return None
+            if len(options) == 1:
+                return self.build(options[0], node, path, meta)
+            return self.tagged(options, node, path)
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            return self.dataclass(hint, node, path)
+        if origin is tuple:
+            if not isinstance(node, yaml.SequenceNode):
+                self.fail(node, path, "must be a list")
+                return ()
+            item = args[0]
+            built = [
+                self.build(item, child, f"{path}[{i}]", {}) for i, child in enumerate(node.value)
+            ]
+            return tuple(built)
+        if origin in (Mapping, dict, typing.Mapping):
+            if not isinstance(node, yaml.MappingNode):
+                self.fail(node, path, "must be a mapping")
+                return types.MappingProxyType({})
+            result = {}
+            for key_node, value_node in self.pairs(node, path):
+                key = str(self.scalar(key_node))
+                result[key] = self.build(args[1], value_node, f"{path}.{key}", {})
+            return types.MappingProxyType(result)
+        if origin is typing.Literal:
+            value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+            if value not in args:
+                allowed = ", ".join(str(arg) for arg in args)
+                self.fail(node, path, f"must be one of {allowed}, not {value!r}")
+            return value
+        if not isinstance(node, yaml.ScalarNode):
+            self.fail(
+                node,
+                path,
+                f"must be a single value ({_describe(hint)}), not a "
+                f"{'list' if isinstance(node, yaml.SequenceNode) else 'mapping'}",
+            )
+            return None
+        value = self.scalar(node)
+        return self.value(hint, value, node, path, meta)
+
+    def value(
+        self, hint: Any, value: Any, node: yaml.Node, path: str, meta: Mapping[str, Any]
+    ) -> Any:
+        if hint is Secret:
+            if not isinstance(value, str):
+                self.fail(node, path, "must be a secret reference, env:NAME or file:PATH")
+                return None
+            try:
+                return resolve_secret(value, base=self.base)
+            except ValueError as exc:
+                self.fail(node, path, str(exc))
+                return None
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            try:
+                return hint(value)
+            except ValueError:
+                allowed = ", ".join(str(member.value) for member in hint)
+                self.fail(node, path, f"must be one of {allowed}, not {value!r}")
+                return None
+        if hint is bool:
+            if not isinstance(value, bool):
+                self.fail(node, path, f"must be true or false, not {value!r}")
+                return None
+            return value
+        if hint is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.fail(node, path, f"must be an integer, not {value!r}")
+                return None
+            return self.bounded(value, node, path, meta)
+        if hint is float:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                self.fail(node, path, f"must be a number, not {value!r}")
+                return None
+            return self.bounded(float(value), node, path, meta)
+        if hint is str:
+            if not isinstance(value, str) or not value:
+                self.fail(node, path, f"must be a non-empty string, not {value!r}")
+                return None
+            return value
+        raise TypeError(f"config schema uses an unsupported type {hint!r} at {path}")
+
+    def bounded(self, value: float, node: yaml.Node, path: str, meta: Mapping[str, Any]) -> Any:
+        low, high = meta.get("min"), meta.get("max")
+        if low is not None and value < low:
+            self.fail(node, path, f"must be at least {low}, not {value}")
+            return None
+        if high is not None and value > high:
+            self.fail(node, path, f"must be at most {high}, not {value}")
+            return None
+        return value
+
+    def pairs(self, node: yaml.MappingNode, path: str) -> list[tuple[yaml.Node, yaml.Node]]:
+        seen: set[str] = set()
+        result = []
+        for key_node, value_node in node.value:
+            key = str(self.scalar(key_node))
+            if key in seen:
+                self.fail(key_node, f"{path}.{key}" if path else key, "duplicate key")
+                continue
+            seen.add(key)
+            result.append((key_node, value_node))
+        return result
+
+    def dataclass(self, cls: type[_T], node: yaml.Node, path: str) -> _T | None:
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            node = yaml.MappingNode("tag:yaml.org,2002:map", [], node.start_mark, node.end_mark)
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, path, "must be a mapping")
+            return None
+        hints = typing.get_type_hints(cls)
+        fields = {field.name: field for field in dataclasses.fields(cls) if field.init}  # type: ignore[arg-type]
+        values: dict[str, Any] = {}
+        before = len(self.problems)
+        for key_node, value_node in self.pairs(node, path):
+            key = str(self.scalar(key_node))
+            where = f"{path}.{key}" if path else key
+            if key not in fields:
+                self.fail(key_node, where, "unknown key" + _suggestion(key, fields))
+                continue
+            field = fields[key]
+            values[key] = self.build(hints[key], value_node, where, field.metadata)
+        for name, field in fields.items():
+            required = (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            )
+            if name not in values and required:
+                self.fail(node, f"{path}.{name}" if path else name, "missing")
+        if len(self.problems) > before:
+            return None
+        instance = cls(**values)
+        rules = getattr(instance, "config_problems", None)
+        if callable(rules):
+            for problem in rules():
+                self.fail(node, path, problem)
+        return instance
+
+    def tagged(self, options: list[Any], node: yaml.Node, path: str) -> Any:
+        """A union of dataclasses told apart by their ``type`` field."""
+        by_type: dict[Any, Any] = {}
+        for option in options:
+            type_hint = typing.get_type_hints(option).get("type")
+            for name in typing.get_args(type_hint):
+                by_type[name] = option
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, path, "must be a mapping with a type")
+            return None
+        type_value = None
+        for key_node, value_node in node.value:
+            if self.scalar(key_node) == "type" and isinstance(value_node, yaml.ScalarNode):
+                type_value = self.scalar(value_node)
+        if type_value not in by_type:
+            allowed = ", ".join(sorted(str(name) for name in by_type))
+            self.fail(
+                node,
+                f"{path}.type" if path else "type",
+                f"must be one of {allowed}, not {type_value!r}",
+            )
+            return None
+        return self.dataclass(by_type[type_value], node, path)
+
+
+def _suggestion(key: str, known: Iterable[str]) -> str:
+    import difflib  # noqa: PLC0415
+
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _describe(hint: Any) -> str:
+    return getattr(hint, "__name__", str(hint))
+
+
+def parse_config(
+    text: str, schema: type[_T], *, source: str = "<config>", base: Path | None = None
+) -> _T:
+    """Build ``schema`` from YAML ``text``; raises :class:`ConfigError` with every problem."""
+    builder = _Builder(source, base)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}, line {mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(
+            "invalid configuration", [f"{where}: not valid YAML: {problem}"]
+        ) from None
+    if node is None:
+        start = yaml.Mark(source, 0, 0, 0, "", 0)
+        node = yaml.MappingNode("tag:yaml.org,2002:map", [], start, start)
+    result = builder.dataclass(schema, node, "")
+    if builder.problems or result is None:
+        raise ConfigError("invalid configuration", sorted(builder.problems, key=_line_of))
+    return result
+
+
+def _line_of(problem: str) -> int:
+    """The line a problem names (problems keep document order; stable for equal lines)."""
+    _, found, rest = problem.partition(", line ")
+    digits = rest.split(":", 1)[0]
+    return int(digits) if found and digits.isdigit() else 0
+
+
+def load_config(path: str | os.PathLike[str], schema: type[_T]) -> _T:
+    """Read and build a configuration file; ``file:`` secrets are relative to its directory."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError(
+            "invalid configuration", [f"{file}: cannot read: {exc.strerror}"]
+        ) from None
+    return parse_config(text, schema, source=str(file), base=file.resolve().parent)
+
+
+# -- documentation ----------------------------------------------------------------------------
+
+
+def reference(schema: type, *, title: str | None = None) -> str:
+    """Markdown tables documenting every field of ``schema`` and the dataclasses it holds."""
+    sections: list[str] = []
+    seen: set[type] = set()
+
+    def document(cls: type, heading: str) -> None:
+        if cls in seen:
+            return
+        seen.add(cls)
+        hints = typing.get_type_hints(cls)
+        rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+        nested: list[tuple[type, str]] = []
+        for field in dataclasses.fields(cls):
+            hint = hints[field.name]
+            rows.append(
+                f"| `{field.name}` | {_type_text(hint)} | {_default_text(field)} | "
+                f"{field.metadata.get('help', '')}{_bounds_text(field.metadata)} |"
+            )
+            for inner in _dataclasses_in(hint):
+                nested.append((inner, f"`{field.name}`: {inner.__name__}"))
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        sections.append(f"### {heading}\n\n{doc}\n\n" + "\n".join(rows))
+        for inner, inner_heading in nested:
+            document(inner, inner_heading)
+
+    document(schema, title or schema.__name__)
+    return "\n\n".join(sections) + "\n"
+
+
+def _dataclasses_in(hint: Any) -> list[type]:
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return [hint]
+    found: list[type] = []
+    for arg in typing.get_args(hint):
+        found += _dataclasses_in(arg)
+    return found
+
+
+def _type_text(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_text(arg) for arg in args if arg is not type(None)) + (
+            " or null" if type(None) in args else ""
+        )
+    if origin is tuple:
+        return f"list of {_type_text(args[0])}"
+    if origin in (Mapping, dict):
+        return f"mapping of {_type_text(args[1])}"
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{arg}`" for arg in args)
+    if hint is Secret:
+        return "secret (`env:NAME` or `file:PATH`)"
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return " \\| ".join(f"`{member.value}`" for member in hint)
+    return getattr(hint, "__name__", str(hint))
+
+
+def _default_text(field: dataclasses.Field[Any]) -> str:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+        if isinstance(value, enum.Enum):
+            value = value.value
+        return "null" if value is None else f"`{value}`"
+    if field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+        if dataclasses.is_dataclass(value):
+            return "(all defaults)"
+        return "empty" if not value else f"`{value}`"
+    return "required"
+
+
+def _bounds_text(meta: Mapping[str, Any]) -> str:
+    low, high = meta.get("min"), meta.get("max")
+    if low is None and high is None:
+        return ""
+    if high is None:
+        return f" (at least {low})"
+    if low is None:
+        return f" (at most {high})"
+    return f" ({low} to {high})"

@@ -1,0 +1,244 @@
+"""The manager's configuration file: a YAML document built into these frozen dataclasses.
+
+``dnslb manager --config manager.yaml`` loads it once with :func:`dnslb.config.load_config`;
+unknown keys, bad values and missing secrets are reported together with file and line.
+``docs/manager.md`` holds the reference generated from these classes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from dnslb.config import Secret, load_config, setting
+from dnslb.dnsname import name_problem, normalize
+from dnslb.plan import STATIC_TYPES
+from dnslb.policy import PoolPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """Where the manager listens for agent reports (and, later, the API)."""
+
+    address: str = setting("127.0.0.1", help="listen address; loopback unless you mean it")
+    port: int = setting(8700, help="listen port", min=1, max=65535)
+
+    def config_problems(self) -> Iterator[str]:
+        try:
+            ipaddress.ip_address(self.address)
+        except ValueError:
+            yield f"address: {self.address!r} is not an IP address"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Tokens, always as references (``env:NAME`` or ``file:PATH``)."""
+
+    agent_token: Secret | None = setting(
+        None, help="token agents of static members may present (each member may have its own)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    """Where and how the plan is published."""
+
+    path: str = setting("plan.json", help="plan file (relative to the config file's directory)")
+    stale_after: float = setting(
+        30.0, help="pipe backends answer with TTL floors when the plan is older than this", min=1.0
+    )
+    refresh: float = setting(
+        5.0, help="republish an unchanged plan this often, to keep its age low", min=0.5
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        if self.refresh >= self.stale_after:
+            yield f"refresh ({self.refresh}) must be below stale_after ({self.stale_after})"
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    """Durable state."""
+
+    path: str = setting("state.db", help="SQLite database (relative to the config file)")
+
+
+@dataclass(frozen=True, slots=True)
+class SoaConfig:
+    """The zone's SOA record; serial follows the plan version."""
+
+    mname: str | None = setting(None, help="primary name server (default: the first NS)")
+    rname: str | None = setting(None, help="mailbox of the zone's owner (default hostmaster.ZONE)")
+    refresh: int = setting(10800, help="SOA refresh", min=0)
+    retry: int = setting(3600, help="SOA retry", min=0)
+    expire: int = setting(604800, help="SOA expire", min=0)
+    minimum: int = setting(60, help="negative-caching TTL (RFC 2308)", min=0)
+    ttl: int = setting(3600, help="TTL of the SOA record", min=0)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordConfig:
+    """A static record of a zone."""
+
+    name: str = setting(help="owner name: absolute, or relative to the zone ('@' for the apex)")
+    type: str = setting(help=f"one of {', '.join(STATIC_TYPES)}")
+    content: str = setting(help="zone-file data (an address, a name, '10 mx.example.com', ...)")
+    ttl: int = setting(3600, help="TTL", min=0)
+
+    def config_problems(self) -> Iterator[str]:
+        if self.type not in STATIC_TYPES:
+            yield f"type must be one of {', '.join(STATIC_TYPES)}, not {self.type!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneConfig:
+    """A zone the DNS servers are authoritative for."""
+
+    name: str = setting(help="the zone apex, e.g. example.com")
+    ns: tuple[str, ...] = setting(help="the apex NS names")
+    ns_ttl: int = setting(3600, help="TTL of the NS records", min=0)
+    soa: SoaConfig = setting(default_factory=SoaConfig, help="SOA record")
+    records: tuple[RecordConfig, ...] = setting(default_factory=tuple, help="static records")
+
+    def config_problems(self) -> Iterator[str]:
+        problem = name_problem(normalize(self.name))
+        if problem:
+            yield f"name: {self.name!r}: {problem}"
+        if not self.ns:
+            yield "ns: must name at least one name server"
+
+
+@dataclass(frozen=True, slots=True)
+class TcpCheck:
+    """Healthy when a TCP connection to the check address opens."""
+
+    type: Literal["tcp"]
+    port: int = setting(help="port to connect to", min=1, max=65535)
+    interval: float = setting(2.0, help="seconds between checks", min=0.1)
+    timeout: float = setting(1.0, help="seconds before a check fails", min=0.05)
+    rise: int = setting(2, help="passes in a row to become healthy", min=1)
+    fall: int = setting(2, help="failures in a row to become unhealthy", min=1)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCheck:
+    """Healthy when an HTTP GET answers with the expected status (and body text)."""
+
+    type: Literal["http"]
+    port: int = setting(80, help="port", min=1, max=65535)
+    path: str = setting("/", help="path to GET")
+    host: str | None = setting(None, help="Host header (default: the check address)")
+    expect_status: int = setting(200, help="expected status code", min=100, max=599)
+    expect_body: str | None = setting(None, help="text the body must contain")
+    interval: float = setting(2.0, help="seconds between checks", min=0.1)
+    timeout: float = setting(1.0, help="seconds before a check fails", min=0.05)
+    rise: int = setting(2, help="passes in a row to become healthy", min=1)
+    fall: int = setting(2, help="failures in a row to become unhealthy", min=1)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberConfig:
+    """A server that is always in the pool (a static member)."""
+
+    id: str = setting(help="unique server id; its agent reports under this id")
+    address: str = setting(help="the address answered in DNS (IPv4 or IPv6)")
+    check_address: str | None = setting(
+        None, help="address health checks connect to (default: address)"
+    )
+    max_concurrency: int | None = setting(
+        None, help="requests it can serve at once (default: what its agent reports)", min=1
+    )
+    token: Secret | None = setting(None, help="this server's own agent token")
+
+    def config_problems(self) -> Iterator[str]:
+        for key, value in (("address", self.address), ("check_address", self.check_address)):
+            if value is None:
+                continue
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                yield f"{key}: {value!r} is not an IP address"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """A load-balanced name and the servers behind it."""
+
+    name: str = setting(help="pool name; its DNS name is NAME.ZONE ('@': the zone apex)")
+    zone: str = setting(help="the zone the name is in (one of zones[].name)")
+    policy: PoolPolicy = setting(default_factory=PoolPolicy, help="load policy")
+    members: tuple[MemberConfig, ...] = setting(default_factory=tuple, help="static members")
+    health_check: TcpCheck | HttpCheck | None = setting(
+        None, help="active health check, run centrally by the manager"
+    )
+
+    @property
+    def dns_name(self) -> str:
+        zone = normalize(self.zone)
+        return zone if self.name == "@" else f"{normalize(self.name)}.{zone}"
+
+    def config_problems(self) -> Iterator[str]:
+        if self.name != "@" and (problem := name_problem(normalize(self.name))):
+            yield f"name: {self.name!r}: {problem}"
+        seen: set[str] = set()
+        for member in self.members:
+            if member.id in seen:
+                yield f"members: duplicate id {member.id!r}"
+            seen.add(member.id)
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    """The manager's whole configuration."""
+
+    zones: tuple[ZoneConfig, ...] = setting(help="zones answered")
+    pools: tuple[PoolConfig, ...] = setting(default_factory=tuple, help="load-balanced names")
+    http: HttpConfig = setting(default_factory=HttpConfig, help="HTTP listener")
+    auth: AuthConfig = setting(default_factory=AuthConfig, help="tokens")
+    plan: PlanConfig = setting(default_factory=PlanConfig, help="plan publishing")
+    state: StateConfig = setting(default_factory=StateConfig, help="durable state")
+    tick: float = setting(1.0, help="seconds between plan rebuilds", min=0.05, max=60.0)
+    down_after: float = setting(
+        3.0, help="a server whose agent has not reported for this long is down", min=0.1
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        zones = {normalize(zone.name) for zone in self.zones}
+        names: set[str] = set()
+        ids: dict[str, str] = {}
+        for pool in self.pools:
+            if normalize(pool.zone) not in zones:
+                yield f"pools: pool {pool.name!r} names zone {pool.zone!r}, which is not configured"
+            if pool.name in names:
+                yield f"pools: duplicate pool name {pool.name!r}"
+            names.add(pool.name)
+            for member in pool.members:
+                if member.id in ids:
+                    yield (
+                        f"pools: server id {member.id!r} is in both {ids[member.id]!r} "
+                        f"and {pool.name!r}"
+                    )
+                ids[member.id] = pool.name
+        if not self.zones:
+            yield "zones: at least one zone is needed"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    """A configuration and the directory its relative paths are resolved against."""
+
+    config: ManagerConfig
+    base: Path
+
+    def path(self, value: str) -> Path:
+        path = Path(value)
+        return path if path.is_absolute() else self.base / path
+
+
+def load_manager_config(path: str | Path) -> LoadedConfig:
+    """Load ``path``; a :class:`~dnslb.errors.ConfigError` lists every problem."""
+    config = load_config(path, ManagerConfig)
+    return LoadedConfig(config=config, base=Path(path).resolve().parent)

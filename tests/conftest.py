@@ -1,0 +1,88 @@
+"""Shared test helpers: plan documents to start from, free ports."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BASE_PLAN: dict[str, Any] = {
+    "format": 1,
+    "version": 7,
+    "generated_at": None,
+    "stale_after": None,
+    "zones": [
+        {
+            "name": "example.test",
+            "soa": {"mname": "ns1.example.test", "rname": "hostmaster.example.test"},
+            "ns": ["ns1.example.test", "ns2.example.test"],
+            "records": [
+                {"name": "ns1.example.test", "type": "A", "ttl": 3600, "content": "127.0.0.1"},
+                {"name": "example.test", "type": "MX", "ttl": 300, "content": "10 mx.example.test"},
+                {"name": "example.test", "type": "TXT", "ttl": 300, "content": '"hello"'},
+            ],
+        }
+    ],
+    "pools": [
+        {
+            "name": "www.example.test",
+            "k": 2,
+            "ttl_floor": 5,
+            "fallback": "fail_open",
+            "members": [
+                {"id": "a", "address": "10.0.0.1", "weight": 4, "ttl": 60},
+                {"id": "b", "address": "10.0.0.2", "weight": 3, "ttl": 60},
+                {"id": "c", "address": "10.0.0.3", "weight": 2, "ttl": 30},
+                {"id": "d", "address": "10.0.0.4", "weight": 1, "ttl": 20},
+                {"id": "p", "address": "10.0.0.5", "weight": 5, "ttl": 60, "state": "paused"},
+                {"id": "x", "address": "10.0.0.6", "weight": 5, "ttl": 60, "state": "down"},
+            ],
+        },
+        {
+            "name": "v6.example.test",
+            "k": 4,
+            "members": [
+                {"id": "six-1", "address": "2001:db8::1", "weight": 1, "ttl": 40},
+                {"id": "six-2", "address": "2001:db8::2", "weight": 1, "ttl": 50},
+            ],
+        },
+    ],
+}
+
+
+def plan_doc(**top: Any) -> dict[str, Any]:
+    """A deep copy of the base plan document with top-level fields replaced."""
+    doc = copy.deepcopy(BASE_PLAN)
+    doc.update(top)
+    return doc
+
+
+def write_plan(path: Path, doc: dict[str, Any]) -> None:
+    """Publish ``doc`` at ``path`` atomically, as the manager does."""
+    temp = path.with_name(path.name + ".tmp")
+    temp.write_text(json.dumps(doc))
+    temp.replace(path)
+
+
+def free_port() -> int:
+    """A port free for both UDP and TCP on 127.0.0.1 right now."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.bind(("127.0.0.1", 0))
+            port = int(tcp.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                try:
+                    udp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port")
+
+
+@pytest.fixture
+def base_doc() -> dict[str, Any]:
+    return plan_doc()

@@ -1,0 +1,462 @@
+"""The pipe backend in process: every ABI version, every request kind, reloads and bad input."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dnslb.pdns import pipe_command
+from dnslb.plan_store import FilePlanStore, last_good_store
+from pipe_backend.backend import PipeBackend
+from pipe_backend.protocol import MAX_LINE
+from tests.conftest import plan_doc, write_plan
+
+REMOTE = {1: "10.9.9.9", 2: "10.9.9.9\t127.0.0.1", 3: "10.9.9.9\t127.0.0.1\t10.9.9.0/24"}
+
+
+def q_line(abi: int, qname: str, qtype: str, zone_id: int = -1) -> bytes:
+    remote = REMOTE[min(abi, 3)]
+    return f"Q\t{qname}\tIN\t{qtype}\t{zone_id}\t{remote}".encode()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def plan_path(tmp_path: Path) -> Path:
+    path = tmp_path / "plan.json"
+    write_plan(path, plan_doc())
+    return path
+
+
+def make_backend(path: Path, abi: int = 5, clock: Clock | None = None) -> PipeBackend:
+    clock = clock or Clock()
+    backend = PipeBackend(FilePlanStore(path), rng=random.Random(5), monotonic=clock, wall=clock)
+    backend.poll(force=True)
+    assert backend.handle(f"HELO\t{abi}".encode()).startswith(b"OK\tdnslb")
+    return backend
+
+
+def parse_reply(abi: int, reply: bytes) -> list[dict[str, Any]]:
+    """DATA lines of a reply as dicts; asserts the reply is well formed and ends with END."""
+    lines = reply.decode().split("\n")
+    assert lines[-1] == ""
+    assert lines[-2] == "END", reply
+    records = []
+    for line in lines[:-2]:
+        fields = line.split("\t")
+        assert fields[0] == "DATA", line
+        if abi >= 3:
+            scope, auth, *fields = fields[1:]
+            assert auth == "1"
+        else:
+            scope, fields = "0", fields[1:]
+        qname, qclass, qtype, ttl, zone_id, *content = fields
+        assert qclass == "IN"
+        records.append(
+            {
+                "scope": int(scope),
+                "name": qname,
+                "type": qtype,
+                "ttl": int(ttl),
+                "zone": int(zone_id),
+                "content": " ".join(content),
+                "fields": len(content),
+            }
+        )
+    return records
+
+
+@pytest.mark.parametrize("abi", [1, 2, 3, 4, 5])
+def test_each_abi_version_answers_in_its_own_format(plan_path: Path, abi: int) -> None:
+    backend = make_backend(plan_path, abi)
+    soa = parse_reply(abi, backend.handle(q_line(abi, "example.test", "SOA")))
+    assert [(r["type"], r["zone"], r["ttl"]) for r in soa] == [("SOA", 1, 3600)]
+    assert soa[0]["content"] == ("ns1.example.test hostmaster.example.test 7 10800 3600 604800 60")
+    www = parse_reply(abi, backend.handle(q_line(abi, "www.example.test", "A", 1)))
+    assert len(www) == 2
+    assert {r["type"] for r in www} == {"A"}
+    expected_scope = 32 if abi >= 3 else 0
+    assert {r["scope"] for r in www} == {expected_scope}
+    assert {r["scope"] for r in soa} == {0}
+
+
+@pytest.mark.parametrize("abi", [1, 3, 5])
+def test_wrong_field_counts_fail_and_the_loop_goes_on(plan_path: Path, abi: int) -> None:
+    backend = make_backend(plan_path, abi)
+    too_few = b"Q\twww.example.test\tIN\tA"
+    too_many = q_line(abi, "www.example.test", "A") + b"\textra"
+    for line in (too_few, too_many):
+        reply = backend.handle(line)
+        assert reply.startswith(b"LOG\t") and reply.endswith(b"FAIL\n")
+    assert parse_reply(abi, backend.handle(q_line(abi, "www.example.test", "A")))
+
+
+def test_apex_answers_soa_ns_and_static_records(plan_path: Path) -> None:
+    backend = make_backend(plan_path)
+    ns = parse_reply(5, backend.handle(q_line(5, "example.test", "NS")))
+    assert [r["content"] for r in ns] == ["ns1.example.test", "ns2.example.test"]
+    every = parse_reply(5, backend.handle(q_line(5, "example.test", "ANY")))
+    assert Counter(r["type"] for r in every) == {"SOA": 1, "NS": 2, "MX": 1, "TXT": 1}
+    mx = next(r for r in every if r["type"] == "MX")
+    assert (mx["content"], mx["fields"]) == ("10 mx.example.test", 2)  # priority apart
+    glue = parse_reply(5, backend.handle(q_line(5, "ns1.example.test", "ANY")))
+    assert [(r["type"], r["content"]) for r in glue] == [("A", "127.0.0.1")]
+
+
+def test_pool_answers_a_aaaa_and_any(plan_path: Path) -> None:
+    backend = make_backend(plan_path)
+    a = parse_reply(5, backend.handle(q_line(5, "www.example.test", "A")))
+    assert {r["type"] for r in a} == {"A"}
+    assert parse_reply(5, backend.handle(q_line(5, "www.example.test", "AAAA"))) == []
+    six = parse_reply(5, backend.handle(q_line(5, "v6.example.test", "ANY")))
+    assert sorted(r["content"] for r in six) == ["2001:db8::1", "2001:db8::2"]
+    assert {r["ttl"] for r in six} == {40}  # the lower of 40 and 50
+    assert parse_reply(5, backend.handle(q_line(5, "v6.example.test", "MX"))) == []
+
+
+def test_mixed_family_pool_answers_both_families_for_any(tmp_path: Path) -> None:
+    doc = plan_doc()
+    doc["pools"][1]["members"].append({"id": "four", "address": "192.0.2.4", "ttl": 10})
+    path = tmp_path / "plan.json"
+    write_plan(path, doc)
+    backend = make_backend(path)
+    for _ in range(5):
+        records = parse_reply(5, backend.handle(q_line(5, "v6.example.test", "ANY")))
+        assert Counter(r["type"] for r in records) == {"AAAA": 2, "A": 1}
+        assert {r["ttl"] for r in records if r["type"] == "A"} == {10}
+        assert {r["ttl"] for r in records if r["type"] == "AAAA"} == {40}
+
+
+def test_query_name_is_echoed_in_the_clients_letter_case(plan_path: Path) -> None:
+    backend = make_backend(plan_path)
+    records = parse_reply(5, backend.handle(q_line(5, "WwW.ExAmple.TEST", "ANY")))
+    assert records and {r["name"] for r in records} == {"WwW.ExAmple.TEST"}
+
+
+@pytest.mark.parametrize(
+    ("qname", "qtype"),
+    [
+        ("nope.example.test", "ANY"),  # inside the zone: pdns turns this into NXDOMAIN
+        ("www.example.test", "SOA"),  # SOA walk: not an apex
+        ("example.org", "SOA"),  # outside every zone
+        ("", "SOA"),
+        (".", "SOA"),
+        ("www.example.test", "BOGUS"),
+    ],
+)
+def test_no_data_is_an_empty_answer(plan_path: Path, qname: str, qtype: str) -> None:
+    assert make_backend(plan_path).handle(q_line(5, qname, qtype)) == b"END\n"
+
+
+def test_paused_and_down_members_never_appear(plan_path: Path) -> None:
+    backend = make_backend(plan_path)
+    seen: Counter[str] = Counter()
+    for _ in range(2000):
+        for record in parse_reply(5, backend.handle(q_line(5, "www.example.test", "ANY"))):
+            seen[record["content"]] += 1
+    assert set(seen) == {"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}
+
+
+def test_answer_ttl_is_the_minimum_of_the_chosen_members(plan_path: Path) -> None:
+    ttls = {"10.0.0.1": 60, "10.0.0.2": 60, "10.0.0.3": 30, "10.0.0.4": 20}
+    backend = make_backend(plan_path)
+    seen_ttls = set()
+    for _ in range(200):
+        records = parse_reply(5, backend.handle(q_line(5, "www.example.test", "A")))
+        expected = min(ttls[r["content"]] for r in records)
+        assert {r["ttl"] for r in records} == {expected}
+        seen_ttls.add(expected)
+    assert seen_ttls == {60, 30, 20}
+
+
+def test_axfr_lists_every_record_per_abi(plan_path: Path) -> None:
+    for abi, request in (
+        (3, b"AXFR\t1"),
+        (4, b"AXFR\t1\texample.test"),
+        (5, b"AXFR\t1\tEXAMPLE.test."),
+    ):
+        backend = make_backend(plan_path, abi)
+        records = parse_reply(abi, backend.handle(request))
+        kinds = Counter((r["name"], r["type"]) for r in records)
+        assert records[0]["type"] == "SOA"
+        assert kinds[("www.example.test", "A")] == 4  # active members only
+        assert kinds[("v6.example.test", "AAAA")] == 2
+        assert kinds[("example.test", "NS")] == 2
+    backend = make_backend(plan_path, 5)
+    assert backend.handle(b"AXFR\t9\texample.test").endswith(b"FAIL\n")
+    assert backend.handle(b"AXFR\t1\texample.org").endswith(b"FAIL\n")
+    assert backend.handle(b"AXFR\tone\texample.test").endswith(b"FAIL\n")
+    assert backend.handle(b"AXFR\t1").endswith(b"FAIL\n")  # ABI 5 sends the zone name
+
+
+def test_cmd_status_reports_plan_version_and_age(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, plan_doc(generated_at=990.0, stale_after=30))
+    backend = make_backend(path)
+    reply = backend.handle(b"CMD\tstatus").decode()
+    assert reply.endswith("END\n")
+    assert "plan version: 7\n" in reply
+    assert "plan age: 10.0 s\n" in reply
+    assert "plan stale: no\n" in reply
+    assert "unknown command" in backend.handle(b"CMD\tfrobnicate").decode()
+    assert backend.handle(b"CMD\treload").decode().startswith("reloaded\n")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"",
+        b"\x00\xff\xfe binary",
+        b"WHAT\tis this",
+        b"HELO\t9",
+        b"HELO",
+        b"HELO\tfive",
+        b"Q",
+        b"\t\t\t\t\t\t\t",
+        "Q\tw\u00e9b.example.test\tIN\tA\t-1\t1.2.3.4\t1.2.3.4\t1.2.3.4/32".encode()[:-1] + b"\xff",
+    ],
+)
+def test_bad_input_gets_fail_and_the_backend_goes_on(plan_path: Path, line: bytes) -> None:
+    backend = make_backend(plan_path)
+    reply = backend.handle(line)
+    assert reply.endswith((b"FAIL\n", b"END\n"))
+    assert reply.count(b"\n") <= 2
+    assert parse_reply(5, backend.handle(q_line(5, "www.example.test", "A")))
+
+
+def test_q_before_helo_fails(plan_path: Path) -> None:
+    backend = PipeBackend(FilePlanStore(plan_path))
+    backend.poll(force=True)
+    assert backend.handle(q_line(5, "example.test", "SOA")).endswith(b"FAIL\n")
+
+
+def test_no_plan_yet_answers_nothing(tmp_path: Path) -> None:
+    backend = PipeBackend(FilePlanStore(tmp_path / "missing.json"))
+    backend.poll(force=True)
+    assert backend.handle(b"HELO\t5").startswith(b"OK\t")
+    assert backend.handle(q_line(5, "example.test", "SOA")) == b"END\n"
+
+
+# -- reloads ------------------------------------------------------------------------------------
+
+
+def test_a_new_plan_is_swapped_in_at_the_next_poll(plan_path: Path) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    doc = plan_doc(version=8)
+    doc["pools"][0]["members"] = [{"id": "n", "address": "10.1.1.1", "ttl": 42}]
+    write_plan(plan_path, doc)
+    backend.poll()  # within poll_interval of the last check: not looked at yet
+    old = parse_reply(5, backend.handle(q_line(5, "www.example.test", "A")))
+    assert old[0]["content"] != "10.1.1.1"
+    clock.now += 0.3
+    backend.poll()
+    new = parse_reply(5, backend.handle(q_line(5, "www.example.test", "A")))
+    assert [(r["content"], r["ttl"]) for r in new] == [("10.1.1.1", 42)]
+    assert backend.plan is not None and backend.plan.version == 8
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda p: p.write_text('{"format": 1, "version": 9, "zo'), id="partial"),
+        pytest.param(lambda p: p.write_text('{"format": 1, "version": 9, "zones": []}'), id="bad"),
+        pytest.param(lambda p: p.write_bytes(b"\x00" * 100), id="binary"),
+        pytest.param(lambda p: p.unlink(), id="missing"),
+    ],
+)
+def test_a_broken_plan_keeps_the_last_good_one_logged_once(
+    plan_path: Path, damage: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    before = parse_reply(5, backend.handle(q_line(5, "example.test", "SOA")))
+    damage(plan_path)
+    with caplog.at_level(logging.ERROR, logger="dnslb.pipe_backend"):
+        for _ in range(10):
+            clock.now += 0.3
+            backend.poll()
+            assert parse_reply(5, backend.handle(q_line(5, "example.test", "SOA"))) == before
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert "serving plan v7" in errors[0].getMessage()
+    write_plan(plan_path, plan_doc(version=10))  # repaired: picked up again
+    clock.now += 0.3
+    backend.poll()
+    assert backend.plan is not None and backend.plan.version == 10
+
+
+def test_a_stale_plan_is_served_with_the_ttl_floor(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    clock = Clock()
+    write_plan(path, plan_doc(generated_at=clock.now, stale_after=30))
+    backend = make_backend(path, clock=clock)
+    assert parse_reply(5, backend.handle(q_line(5, "v6.example.test", "AAAA")))[0]["ttl"] == 40
+    clock.now += 31
+    backend.poll()
+    assert backend.stale
+    records = parse_reply(5, backend.handle(q_line(5, "v6.example.test", "AAAA")))
+    assert {r["ttl"] for r in records} == {5}  # the pool's floor
+    assert len(records) == 2  # still answered: never nothing because the manager is late
+    write_plan(path, plan_doc(generated_at=clock.now, stale_after=30, version=8))
+    clock.now += 0.3
+    backend.poll()
+    assert not backend.stale
+    assert parse_reply(5, backend.handle(q_line(5, "v6.example.test", "AAAA")))[0]["ttl"] == 40
+
+
+def test_an_unchanged_pool_keeps_its_compiled_replies(plan_path: Path) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    assert backend.table is not None
+    before = backend.table.names[b"www.example.test"]
+    write_plan(plan_path, plan_doc(version=8))  # same pools, newer version
+    clock.now += 0.3
+    backend.poll()
+    assert backend.plan is not None and backend.plan.version == 8
+    assert backend.table.names[b"www.example.test"] is before
+
+
+# -- the loop over real pipes -------------------------------------------------------------------
+
+
+def run_serve(backend: PipeBackend, data: bytes) -> bytes:
+    """Feed ``data`` through real pipes into serve() and collect everything it writes."""
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    chunks: list[bytes] = []
+
+    def collect() -> None:
+        while chunk := os.read(out_read, 65536):
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=collect)
+    reader.start()
+    server = threading.Thread(target=backend.serve, args=(in_read, out_write))
+    server.start()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(in_write, view[:4096]) :]
+    os.close(in_write)
+    server.join(10)
+    assert not server.is_alive()
+    os.close(out_write)
+    reader.join(10)
+    os.close(in_read)
+    os.close(out_read)
+    return b"".join(chunks)
+
+
+def test_serve_answers_every_line_and_exits_at_eof(plan_path: Path) -> None:
+    backend = make_backend(plan_path)
+    lines = [q_line(5, "www.example.test", "A") for _ in range(3000)]
+    output = run_serve(backend, b"\n".join(lines) + b"\n")
+    assert output.count(b"END\n") == 3000
+
+
+def test_serve_survives_oversized_lines_and_garbage(plan_path: Path) -> None:
+    backend = make_backend(plan_path)
+    data = b"".join(
+        [
+            q_line(5, "example.test", "SOA") + b"\n",
+            b"Q\t" + b"x" * (MAX_LINE * 5) + b"\n",  # oversized: one FAIL, the rest dropped
+            bytes(range(256)).replace(b"\n", b"") + b"\n",
+            q_line(5, "example.test", "SOA"),  # last line without newline, then EOF
+        ]
+    )
+    replies = run_serve(backend, data).split(b"END\n")
+    output = run_serve(make_backend(plan_path), data)
+    assert output.count(b"FAIL\n") == 2
+    assert output.count(b"\tSOA\t") == 2
+    assert replies
+
+
+def test_the_command_runs_as_a_coprocess(plan_path: Path) -> None:
+    lines = [b"HELO\t5", q_line(5, "www.example.test", "A"), b"CMD\tstatus", b"garbage"]
+    result = subprocess.run(
+        [sys.executable, "-m", "dnslb", "pipe-backend", "--plan", str(plan_path)],
+        input=b"\n".join(lines) + b"\n",
+        capture_output=True,
+        timeout=30,
+        check=True,
+    )
+    out = result.stdout.decode()
+    assert out.startswith("OK\tdnslb")
+    assert out.count("\tA\t") == 2
+    assert "plan version: 7" in out
+    assert out.endswith("FAIL\n")
+    assert "plan v7 loaded" in result.stderr.decode()
+
+
+def test_a_coprocess_started_while_the_plan_is_broken_serves_the_last_good_one(
+    plan_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FilePlanStore(plan_path)
+    last_good = last_good_store(store)
+    assert last_good is not None
+    first = PipeBackend(store, last_good=last_good)
+    first.poll(force=True)  # loads v7 and keeps a copy
+    plan_path.write_text('{"format": 1, "vers')  # an editor half-way through saving
+    later = PipeBackend(store, last_good=last_good)
+    with caplog.at_level(logging.ERROR, logger="dnslb.pipe_backend"):
+        later.poll(force=True)
+    assert later.plan is not None and later.plan.version == 7
+    assert "serving the last good plan v7" in caplog.text
+    later.handle(b"HELO\t5")
+    assert parse_reply(5, later.handle(q_line(5, "www.example.test", "A")))
+
+
+def test_an_unwritable_last_good_place_is_logged_once_and_ignored(
+    plan_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "no-such-dir-file"
+    blocked.write_text("a file, so nothing can be created below it")
+    clock = Clock()
+    backend = PipeBackend(
+        FilePlanStore(plan_path),
+        last_good=FilePlanStore(blocked / "sub" / "last-good.json"),
+        monotonic=clock,
+        wall=clock,
+    )
+    with caplog.at_level(logging.WARNING, logger="dnslb.pipe_backend"):
+        backend.poll(force=True)
+        for version in (8, 9):
+            write_plan(plan_path, plan_doc(version=version))
+            clock.now += 0.3
+            backend.poll()
+    assert backend.plan is not None and backend.plan.version == 9
+    assert caplog.text.count("cannot keep a last good plan") == 1
+
+
+def test_the_coprocess_ignores_modules_in_its_working_directory(
+    plan_path: Path, tmp_path: Path
+) -> None:
+    # pdns starts the coprocess in its own working directory; a stray pipe_backend.py there
+    # must not shadow the package.
+    (tmp_path / "pipe_backend.py").write_text("raise SystemExit('shadowed')\n")
+    (tmp_path / "dnslb.py").write_text("raise SystemExit('shadowed')\n")
+    result = subprocess.run(
+        pipe_command(plan_path),
+        input=b"HELO\t5\n" + q_line(5, "example.test", "SOA") + b"\n",
+        capture_output=True,
+        timeout=30,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert result.stdout.startswith(b"OK\tdnslb")
+    assert b"\tSOA\t" in result.stdout

@@ -1,0 +1,285 @@
+"""The plan contract: parsing, defaults, every validation problem with its path, round trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dnslb.errors import PlanError
+from dnslb.plan import (
+    Fallback,
+    MemberState,
+    Plan,
+    parse_plan,
+    parse_plan_json,
+    plan_to_dict,
+    plan_to_json,
+)
+from tests.conftest import plan_doc
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plan.json"
+
+
+def test_example_plan_is_valid() -> None:
+    plan = parse_plan_json(EXAMPLE.read_bytes())
+    assert plan.version == 1
+    assert [pool.name for pool in plan.pools] == ["www.example.test"]
+
+
+def test_base_plan_fields() -> None:
+    plan = parse_plan(plan_doc())
+    zone = plan.zones[0]
+    assert zone.name == "example.test"
+    assert zone.ns == ("ns1.example.test", "ns2.example.test")
+    assert zone.soa.serial == 7  # defaults to the plan version
+    assert zone.soa.minimum == 60
+    www = plan.pools[0]
+    assert www.k == 2
+    assert www.fallback is Fallback.FAIL_OPEN
+    assert [m.state for m in www.members][-2:] == [MemberState.PAUSED, MemberState.DOWN]
+    assert plan.pools[1].members[0].ipv6
+
+
+def test_minimal_hand_written_plan_gets_defaults() -> None:
+    plan = parse_plan(
+        {
+            "format": 1,
+            "version": 1,
+            "zones": [{"name": "Example.ORG.", "ns": ["ns.example.org."]}],
+            "pools": [
+                {"name": "WWW.example.org.", "members": [{"id": "1", "address": "192.0.2.1"}]}
+            ],
+        }
+    )
+    zone, pool = plan.zones[0], plan.pools[0]
+    assert zone.name == "example.org"
+    assert zone.soa.mname == "ns.example.org"
+    assert zone.soa.rname == "hostmaster.example.org"
+    assert pool.name == "www.example.org"
+    assert (pool.k, pool.ttl_floor, pool.fallback) == (4, 5, Fallback.FAIL_OPEN)
+    member = pool.members[0]
+    assert (member.weight, member.ttl, member.state) == (1.0, 60, MemberState.ACTIVE)
+    assert plan.generated_at is None
+    assert not plan.is_stale(1e12)
+
+
+def test_round_trip_is_lossless() -> None:
+    plan = parse_plan(plan_doc(generated_at=1000.5, stale_after=30))
+    assert parse_plan(plan_to_dict(plan)) == plan
+    assert parse_plan_json(plan_to_json(plan)) == plan
+
+
+def test_addresses_are_normalized() -> None:
+    doc = plan_doc()
+    doc["pools"][1]["members"][0]["address"] = "2001:DB8:0:0::1"
+    assert parse_plan(doc).pools[1].members[0].address == "2001:db8::1"
+
+
+def test_staleness_and_age() -> None:
+    plan = parse_plan(plan_doc(generated_at=1000.0, stale_after=30))
+    assert plan.age(1010.0) == 10.0
+    assert not plan.is_stale(1030.0)
+    assert plan.is_stale(1030.5)
+
+
+def test_zone_of_picks_the_closest_zone() -> None:
+    doc = plan_doc()
+    doc["zones"].append({"name": "sub.example.test", "ns": ["ns1.example.test"]})
+    plan = parse_plan(doc)
+    assert plan.zone_of("www.example.test") == 1
+    assert plan.zone_of("a.sub.example.test") == 2
+    assert plan.zone_of("example.org") is None
+
+
+def _set(doc: dict[str, Any], path: str, value: Any) -> None:
+    """Set a value at a dotted path with [index] parts; a value of ... deletes the key."""
+    parts = path.replace("[", ".").replace("]", "").split(".")
+    target: Any = doc
+    for part in parts[:-1]:
+        target = target[int(part)] if part.isdigit() else target[part]
+    last = parts[-1]
+    key: Any = int(last) if last.isdigit() else last
+    if value is ...:
+        del target[key]
+    else:
+        target[key] = value
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "problem"),
+    [
+        pytest.param(
+            "pools[0].members[0].address",
+            "10.0.0.300",
+            "pools[0].members[0].address: not an IP address",
+            id="bad-address",
+        ),
+        pytest.param(
+            "pools[0].members[1].weight",
+            -1,
+            "pools[0].members[1].weight: must be at least 0.0",
+            id="negative-weight",
+        ),
+        pytest.param(
+            "pools[0].members[1].weight",
+            True,
+            "pools[0].members[1].weight: must be a number",
+            id="boolean-weight",
+        ),
+        pytest.param(
+            "pools[0].members[2].ttl",
+            1.5,
+            "pools[0].members[2].ttl: must be an integer",
+            id="float-ttl",
+        ),
+        pytest.param(
+            "pools[0].members[0].state",
+            "sleepy",
+            "pools[0].members[0].state: must be one of",
+            id="bad-state",
+        ),
+        pytest.param("pools[0].k", 0, "pools[0].k: must be between 1 and 64", id="k-zero"),
+        pytest.param("pools[0].fallback", "pray", "pools[0].fallback: must be one of", id="fb"),
+        pytest.param("pools[0].colour", "blue", "pools[0].colour: unknown field", id="unknown"),
+        pytest.param("pools[0].members", ..., "pools[0].members: missing", id="no-members"),
+        pytest.param(
+            "pools[0].name",
+            "www.example.org",
+            "pools[0].name: 'www.example.org' is not inside",
+            id="outside-zone",
+        ),
+        pytest.param(
+            "pools[0].name",
+            "bad_name-.example.test",
+            "pools[0].name: 'bad_name-.example.test'",
+            id="bad-label",
+        ),
+        pytest.param(
+            "pools[0].members[1].id",
+            "a",
+            "pools[0].members[1].id: duplicate member id 'a'",
+            id="duplicate-id",
+        ),
+        pytest.param(
+            "pools[0].members[1].address",
+            "10.0.0.1",
+            "pools[0].members[1].address: duplicate",
+            id="duplicate-address",
+        ),
+        pytest.param(
+            "pools[1].name",
+            "www.example.test",
+            "pools[1].name: duplicate pool",
+            id="duplicate-pool",
+        ),
+        pytest.param("zones[0].ns", [], "zones[0].ns: must name at least one", id="no-ns"),
+        pytest.param(
+            "zones[0].soa.serial", -1, "zones[0].soa.serial: must be between", id="serial"
+        ),
+        pytest.param(
+            "zones[0].records[0].content",
+            "not-an-ip",
+            "zones[0].records[0].content: 'not-an-ip' is not an IPv4 address",
+            id="record-a",
+        ),
+        pytest.param(
+            "zones[0].records[1].content",
+            "mx.example.test",
+            "zones[0].records[1].content: MX content must be",
+            id="record-mx",
+        ),
+        pytest.param(
+            "zones[0].records[2].type",
+            "SPF",
+            "zones[0].records[2].type: must be one of",
+            id="record-type",
+        ),
+        pytest.param(
+            "zones[0].records[0].name",
+            "ns1.example.org",
+            "zones[0].records[0].name: 'ns1.example.org' is not inside",
+            id="rec-out",
+        ),
+        pytest.param("zones", [], "zones: must hold at least one zone", id="no-zones"),
+        pytest.param("zones", {}, "zones: must be a list, not an object", id="zones-type"),
+        pytest.param("format", 2, "format: this dnslb reads plan format 1, not 2", id="format"),
+        pytest.param("version", "7", "version: must be an integer, not a string", id="version"),
+        pytest.param("stale_after", 0, "stale_after: must be at least", id="stale-after"),
+        pytest.param("generated_at", "now", "generated_at: must be a number", id="gen-at"),
+    ],
+)
+def test_each_problem_is_reported_with_its_path(path: str, value: Any, problem: str) -> None:
+    doc = plan_doc()
+    _set(doc, path, value)
+    with pytest.raises(PlanError) as caught:
+        parse_plan(doc)
+    assert any(p.startswith(problem) for p in caught.value.problems), caught.value.problems
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    doc = plan_doc(version=-1)
+    doc["pools"][0]["members"][0]["address"] = "nowhere"
+    doc["pools"][1]["k"] = 100
+    doc["zones"][0]["records"][0]["ttl"] = "long"
+    with pytest.raises(PlanError) as caught:
+        parse_plan(doc)
+    paths = sorted(problem.split(":")[0] for problem in caught.value.problems)
+    assert paths == [
+        "pools[0].members[0].address",
+        "pools[1].k",
+        "version",
+        "zones[0].records[0].ttl",
+    ]
+    assert "4 problems" in str(caught.value)
+
+
+def test_a_pool_may_not_share_its_name_with_a_static_address_record() -> None:
+    doc = plan_doc()
+    doc["zones"][0]["records"].append(
+        {"name": "www.example.test", "type": "CNAME", "content": "elsewhere.example.test"}
+    )
+    with pytest.raises(PlanError, match=r"zones\[0\]\.records\[3\]: CNAME record"):
+        parse_plan(doc)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param(b"{", "not valid JSON", id="truncated"),
+        pytest.param(b"\xff\xfe garbage", "not valid JSON", id="binary"),
+        pytest.param(b'{"format": 1, "format": 1}', "duplicate key 'format'", id="dup-key"),
+        pytest.param(b"[]", "must be an object, not a list", id="list"),
+        pytest.param(b"null", "must be an object, not null", id="null"),
+    ],
+)
+def test_undecodable_documents(text: bytes, problem: str) -> None:
+    with pytest.raises(PlanError) as caught:
+        parse_plan_json(text)
+    assert problem in str(caught.value)
+
+
+def test_static_record_content_is_normalized() -> None:
+    doc = plan_doc()
+    doc["zones"][0]["records"] = [
+        {"name": "Example.test.", "type": "MX", "content": "10   MX.Example.test."},
+        {"name": "_sip._tcp.example.test", "type": "SRV", "content": "1 2 5060 sip.example.test."},
+        {"name": "*.wild.example.test", "type": "A", "content": "192.0.2.9"},
+    ]
+    records = parse_plan(doc).zones[0].records
+    assert [r.content for r in records] == [
+        "10 mx.example.test",
+        "1 2 5060 sip.example.test",
+        "192.0.2.9",
+    ]
+    assert records[0].name == "example.test"
+
+
+def test_plan_type_is_immutable() -> None:
+    plan = parse_plan(plan_doc())
+    with pytest.raises(AttributeError):
+        plan.version = 8  # type: ignore[misc]
+    assert isinstance(plan, Plan)
+    assert json.loads(plan_to_json(plan))["version"] == 7

@@ -1,0 +1,255 @@
+"""Weighted round-robin selection: the cycle, k-distinct windows, answers, fallback, rotation."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+
+import pytest
+
+from dnslb.plan import Fallback, Member, MemberState, Pool
+from dnslb.selection import (
+    answer_ttl,
+    fallback_members,
+    interleave,
+    pool_answers,
+    quantize,
+    rotation,
+    windows,
+)
+
+
+def member(
+    name: str,
+    weight: float = 1.0,
+    ttl: int = 60,
+    state: MemberState = MemberState.ACTIVE,
+    utilization: float = 0.0,
+    address: str | None = None,
+) -> Member:
+    index = sum(map(ord, name)) % 250 + 1
+    return Member(
+        id=name,
+        address=address or f"10.0.{len(name)}.{index}",
+        weight=weight,
+        ttl=ttl,
+        state=state,
+        utilization=utilization,
+    )
+
+
+def pool(
+    *members: Member, k: int = 2, floor: int = 5, fallback: Fallback = Fallback.FAIL_OPEN
+) -> Pool:
+    return Pool(name="www.example.test", members=members, k=k, ttl_floor=floor, fallback=fallback)
+
+
+@pytest.mark.parametrize(
+    ("weights", "expected"),
+    [
+        pytest.param([1, 1, 1], [1, 1, 1], id="equal"),
+        pytest.param([4, 3, 2, 1], [4, 3, 2, 1], id="small-integers"),
+        pytest.param([0.5, 0.25, 0.25], [2, 1, 1], id="fractions"),
+        pytest.param([1, 0, 1], [1, 0, 1], id="zero-stays-zero"),
+        pytest.param([1000, 1], [240, 1], id="tiny-weight-keeps-a-slot"),
+        pytest.param([0, 0], [0, 0], id="all-zero"),
+    ],
+)
+def test_quantize(weights: list[float], expected: list[int]) -> None:
+    assert quantize(weights) == expected
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [[1, 1, 1], [3, 1], [5, 3, 2], [7, 1, 1, 1], [13, 8, 5, 3, 2, 1, 1], [1] * 40, [100, 1]],
+)
+def test_interleave_gives_each_index_its_count_evenly_spread(counts: list[int]) -> None:
+    cycle = interleave(counts)
+    assert Counter(cycle) == {i: c for i, c in enumerate(counts) if c}
+    length = len(cycle)
+    for end in range(1, length + 1):  # every prefix: within one slot of the share
+        prefix = Counter(cycle[:end])
+        for index, count in enumerate(counts):
+            assert abs(prefix[index] - end * count / length) < 1
+    doubled = cycle + cycle
+    for width in range(1, length + 1):  # every stretch, wrapping: within two
+        for start in range(length):
+            window = Counter(doubled[start : start + width])
+            for index, count in enumerate(counts):
+                assert abs(window[index] - width * count / length) < 2
+
+
+def test_equal_counts_give_plain_round_robin() -> None:
+    assert interleave([1, 1, 1, 1]) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("counts", [[4, 3, 2, 1], [10, 1, 1], [1, 1], [5], [2, 2, 2, 2, 2, 2]])
+def test_windows_are_the_first_k_distinct_members_from_each_position(
+    counts: list[int], k: int
+) -> None:
+    cycle = interleave(counts)
+    result = windows(cycle, k)
+    assert len(result) == len(cycle)
+    for position, window in enumerate(result):
+        expected: list[int] = []
+        for index in itertools.islice(itertools.cycle(cycle), position, position + 2 * len(cycle)):
+            if index not in expected:
+                expected.append(index)
+        assert list(window) == expected[:k]
+
+
+def test_answers_leave_out_members_that_are_not_active() -> None:
+    answers = pool_answers(
+        pool(
+            member("a"),
+            member("b"),
+            member("paused", state=MemberState.PAUSED),
+            member("down", state=MemberState.DOWN),
+            member("drain", state=MemberState.DRAINING),
+            member("off", state=MemberState.DISABLED),
+            k=4,
+        )
+    )
+    chosen = {m.id for answer in answers.v4 for m in answer.members}
+    assert chosen == {"a", "b"}
+    assert answers.v6[0].members == ()
+
+
+def test_answer_ttl_is_the_lowest_of_its_members_with_the_floor() -> None:
+    p = pool(member("a", ttl=60), member("b", ttl=20), member("c", ttl=2), k=3, floor=5)
+    assert answer_ttl(p.members[:2], p, stale=False) == 20
+    assert answer_ttl(p.members, p, stale=False) == 5
+    assert answer_ttl(p.members[:1], p, stale=True) == 5
+    for answer in pool_answers(p).v4:
+        assert answer.ttl == max(5, min(m.ttl for m in answer.members))
+
+
+def test_stale_plan_answers_with_the_floor() -> None:
+    p = pool(member("a", ttl=60), member("b", ttl=50), floor=7)
+    assert {answer.ttl for answer in pool_answers(p, stale=True).v4} == {7}
+
+
+def test_zero_weights_alone_still_share_alike() -> None:
+    p = pool(member("a", weight=0), member("b", weight=0), k=1)
+    firsts = Counter(answer.members[0].id for answer in pool_answers(p).v4)
+    assert firsts == {"a": 1, "b": 1}
+
+
+def test_zero_weight_gets_nothing_beside_positive_weights() -> None:
+    p = pool(member("a", weight=1), member("z", weight=0), k=1)
+    assert {answer.members[0].id for answer in pool_answers(p).v4} == {"a"}
+
+
+def test_families_are_answered_separately() -> None:
+    p = pool(
+        member("four", address="192.0.2.1"),
+        member("six-a", address="2001:db8::a", ttl=30),
+        member("six-b", address="2001:db8::b", ttl=40),
+        k=4,
+    )
+    answers = pool_answers(p)
+    assert {m.id for a in answers.v4 for m in a.members} == {"four"}
+    assert all(len(a.members) == 2 for a in answers.v6)
+    assert {a.ttl for a in answers.v6} == {30}
+
+
+@pytest.mark.parametrize(
+    ("policy", "states", "expected"),
+    [
+        pytest.param(Fallback.FAIL_OPEN, "PPD", ["p2", "p1"], id="open-paused-first"),
+        pytest.param(Fallback.FAIL_OPEN, "DDD", ["d3", "d2"], id="open-all-down"),
+        pytest.param(Fallback.LEAST_LOADED, "PPD", ["p2", "p1"], id="least-loaded"),
+        pytest.param(Fallback.LEAST_LOADED, "DDX", [], id="least-loaded-all-down"),
+        pytest.param(Fallback.NODATA, "PPD", [], id="nodata"),
+        pytest.param(Fallback.FAIL_OPEN, "XXX", [], id="draining-never"),
+    ],
+)
+def test_fallback_policies(policy: Fallback, states: str, expected: list[str]) -> None:
+    kinds = {"P": MemberState.PAUSED, "D": MemberState.DOWN, "X": MemberState.DRAINING}
+    prefix = {"P": "p", "D": "d", "X": "x"}
+    members = [
+        member(f"{prefix[s]}{i + 1}", state=kinds[s], utilization=[0.9, 0.8, 0.7][i])
+        for i, s in enumerate(states)
+    ]
+    # Least loaded first (utilization 0.9, 0.8, 0.7 by position), at most k=2.
+    assert [m.id for m in fallback_members(members, policy, 2)] == expected
+    answers = pool_answers(pool(*members, k=2, floor=3, fallback=policy)).v4
+    assert len(answers) == 1
+    assert answers[0].fallback
+    assert answers[0].ttl == 3
+    assert [m.id for m in answers[0].members] == expected
+
+
+# -- statistics ---------------------------------------------------------------------------------
+# Seeded, so these are deterministic; the tolerances say how close "follows the weights" is.
+
+
+def _draw(answers: tuple, draws: int, seed: int, step: int = 1) -> list:
+    it = rotation(answers, random.Random(seed))
+    return [answer for i, answer in enumerate(itertools.islice(it, draws * step)) if i % step == 0]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3], ids=["every", "every-second", "every-third"])
+def test_first_position_follows_the_weights(step: int) -> None:
+    weights = {"a": 5.0, "b": 3.0, "c": 1.5, "d": 0.5}
+    p = pool(*(member(name, weight=w) for name, w in weights.items()), k=2)
+    draws = 60_000
+    firsts = Counter(a.members[0].id for a in _draw(pool_answers(p).v4, draws, seed=1, step=step))
+    total = sum(weights.values())
+    for name, weight in weights.items():
+        # Tolerance: 0.01 absolute share (the cycle itself is exact; laps start at random places).
+        assert abs(firsts[name] / draws - weight / total) < 0.01, (name, firsts)
+
+
+def _capped_inclusion(weights: dict[str, float], k: int) -> dict[str, float]:
+    """Ideal per-answer inclusion rates: k * share, capped at 1 with the excess spread on."""
+    rates: dict[str, float] = {}
+    left = dict(weights)
+    slots = float(k)
+    while left:
+        total = sum(left.values())
+        capped = {n for n, w in left.items() if slots * w / total >= 1}
+        if not capped:
+            rates.update({n: slots * w / total for n, w in left.items()})
+            break
+        for name in capped:
+            rates[name] = 1.0
+            del left[name]
+            slots -= 1
+    return rates
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_appearances_follow_the_weights_as_far_as_k_allows(k: int) -> None:
+    weights = {"a": 4.0, "b": 3.0, "c": 2.0, "d": 1.0, "e": 1.0, "f": 1.0}
+    p = pool(*(member(name, weight=w) for name, w in weights.items()), k=k)
+    draws = 60_000
+    seen = Counter(m.id for a in _draw(pool_answers(p).v4, draws, seed=2) for m in a.members)
+    ideal = _capped_inclusion(weights, k)
+    for name in weights:
+        # Tolerance: 0.1 absolute per-answer inclusion rate (k distinct from consecutive slots
+        # of the cycle is exact for k <= 3 here, and close to the capped ideal beyond).
+        assert abs(seen[name] / draws - ideal[name]) < 0.1, (name, seen, ideal)
+    assert all(len({m.id for m in a.members}) == k for a in pool_answers(p).v4)
+
+
+def test_separate_processes_do_not_move_in_lockstep() -> None:
+    p = pool(*(member(str(i), weight=i + 1) for i in range(5)), k=2)
+    answers = pool_answers(p).v4
+    one = [a.members[0].id for a in _draw(answers, 200, seed=11)]
+    two = [a.members[0].id for a in _draw(answers, 200, seed=12)]
+    assert one != two
+    agree = sum(x == y for x, y in zip(one, two, strict=True))
+    assert agree < 150  # in lockstep they would agree 200 times
+
+
+def test_rotation_visits_every_position_even_when_every_second_answer_is_taken() -> None:
+    items = list(range(10))
+    taken = _draw(tuple(items), 2_000, seed=3, step=2)
+    assert set(taken) == set(items)
+
+
+def test_rotation_of_one_item_repeats_it() -> None:
+    assert list(itertools.islice(rotation(["only"], random.Random(0)), 3)) == ["only"] * 3
