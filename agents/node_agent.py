@@ -10,6 +10,8 @@ One runs on each node that shares the cluster's VIP. It
 * posts a heartbeat to ``{manager_url}/v1/reports`` every ``heartbeat_interval`` seconds: a
   :class:`~dnslb.report.Report` with its connections to the VIP, its capacity and the table it
   holds. When the manager is unreachable it backs off (up to ``backoff_max``) and keeps going;
+* renews a short lease in the kernel every third of ``lease``: if the agent dies, the node stops
+  taking new connections by itself before the manager gives its buckets away;
 * fences itself when stopped, so that it never accepts buckets the manager has given away.
 
 Everything it reads comes from one :class:`NodeAgentConfig`.
@@ -68,6 +70,9 @@ class NodeAgentConfig:
     service_ports: tuple[int, ...] = ()
     nft_table: str = "dnslb"
     require_listener: bool = True
+    # Without a renewal for this long the node stops taking new connections (0: never). Keep it
+    # below the manager's failover_after (0.3 s by default).
+    lease: float = 0.25
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -95,6 +100,8 @@ class NodeAgentConfig:
             problems.append("heartbeat_interval: must be 0.01 to 60 seconds")
         if self.backoff_max < self.heartbeat_interval:
             problems.append("backoff_max: must be at least heartbeat_interval")
+        if self.lease != 0 and not 0.05 <= self.lease <= 60:
+            problems.append("lease: must be 0 (off) or 0.05 to 60 seconds")
         if self.max_concurrency < 1:
             problems.append("max_concurrency: must be >= 1")
         if any(not 1 <= port <= 65535 for port in self.service_ports):
@@ -113,6 +120,7 @@ class NodeAgentConfig:
             vip=check_vip(self.vip),
             table_name=self.nft_table,
             require_listener=self.require_listener,
+            lease=self.lease,
         )
 
 
@@ -319,6 +327,22 @@ def heartbeat_loop(
     link.close()
 
 
+def lease_loop(driver: DispatchDriver, stop: threading.Event, interval: float) -> None:
+    """Renew the driver's lease every ``interval`` until ``stop``; a failure is said once."""
+    failing = False
+    while not stop.wait(interval):
+        try:
+            driver.renew()
+        except ProcessError as exc:
+            if not failing:
+                log.warning("lease not renewed (the node stops taking new connections): %s", exc)
+            failing = True
+            continue
+        if failing:
+            log.info("lease renewed again")
+        failing = False
+
+
 class _TableHandler(BaseHTTPRequestHandler):
     server: AgentHttpServer
     protocol_version = "HTTP/1.1"  # keep-alive, so the manager's pushes reuse a connection
@@ -415,6 +439,12 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
         target=server.serve_forever, args=(0.1,), name="table-push", daemon=True
     )
     serving.start()
+    renewing: threading.Thread | None = None
+    if config.lease > 0:
+        renewing = threading.Thread(
+            target=lease_loop, args=(driver, stop, config.lease / 3), name="lease", daemon=True
+        )
+        renewing.start()
     beating: threading.Thread | None = None
     if config.manager_url is not None:
         link = ManagerLink(config.manager_url, config.token)
@@ -431,6 +461,8 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
         stop.set()
         if beating is not None:
             beating.join(timeout=MANAGER_TIMEOUT + 1)
+        if renewing is not None:
+            renewing.join(timeout=5)
         server.shutdown()
         server.server_close()
         try:

@@ -157,6 +157,7 @@ def _node_agent(args: argparse.Namespace) -> int:
         service_ports=tuple(args.service_port),
         nft_table=args.nft_table,
         require_listener=not args.no_listener_check,
+        lease=args.lease,
     )
     logging.basicConfig(
         stream=sys.stderr,
@@ -266,6 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-listener-check",
         action="store_true",
         help="accept a SYN of our bucket even when no socket listens (the stack then resets it)",
+    )
+    node.add_argument(
+        "--lease",
+        type=float,
+        default=0.25,
+        help="seconds the node takes new connections without its agent (0: forever; keep it "
+        "below the manager's failover_after) (default %(default)s)",
     )
     node.set_defaults(handler=_node_agent)
     return parser

@@ -3,8 +3,9 @@
 A driver owns one cluster's rules on one node. The node agent calls :meth:`install` once at start
 (the node is then **fenced**: it accepts no new connection to the VIP, while connections it
 already holds go on), then :meth:`apply` with this node's active buckets for every table it
-accepts, and :meth:`fence` when it stops. Each call is all-or-nothing: when it raises
-:class:`~dnslb.errors.ProcessError`, the rules are as they were before the call.
+accepts, :meth:`renew` every fraction of the lease, and :meth:`fence` when it stops. Each call
+is all-or-nothing: when it raises :class:`~dnslb.errors.ProcessError`, the rules are as they were
+before the call.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class NodeRules:
     # Accept a SYN only when a socket listens for it, so that a node whose service died drops
     # new connections silently (the manager moves its buckets) instead of answering with RST.
     require_listener: bool = True
+    # Seconds the node keeps accepting new connections without a renewal from its agent
+    # (0: forever). Shorter than the manager's failover_after, it makes a node whose agent died
+    # stop accepting before the manager hands its buckets to other nodes.
+    lease: float = 0.0
 
 
 class DispatchDriver(ABC):
@@ -46,3 +51,7 @@ class DispatchDriver(ABC):
     @abstractmethod
     def fence(self) -> None:
         """Accept no new connection; established ones go on."""
+
+    @abstractmethod
+    def renew(self) -> None:
+        """Extend the lease by ``rules.lease`` seconds (called every fraction of it)."""

@@ -26,6 +26,7 @@ class DryRunDriver(DispatchDriver):
         self.scripts: list[str] = []
         self.accepted: frozenset[int] = frozenset()
         self.installed = False
+        self.renewals = 0  # counted, not logged: they come several times a second
 
     def _keep(self, script: str) -> None:
         self.scripts.append(script)
@@ -43,6 +44,8 @@ class DryRunDriver(DispatchDriver):
             bucket_count,
             seed,
             require_listener=self.rules.require_listener,
+            lease=self.rules.lease,
+            vip=self.rules.vip,
         )
         self._keep(script)
         self.accepted = frozenset(buckets)
@@ -50,3 +53,6 @@ class DryRunDriver(DispatchDriver):
     def fence(self) -> None:
         self._keep(render_fence(self.rules.table_name))
         self.accepted = frozenset()
+
+    def renew(self) -> None:
+        self.renewals += 1

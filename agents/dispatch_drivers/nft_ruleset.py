@@ -4,6 +4,7 @@ The base ruleset, for a VIP of 198.51.100.10 (``render_base``)::
 
     table ip dnslb {
         set active { type mark; }            # this node's buckets
+        set lease { type ipv4_addr; flags timeout; }   # the VIP while the agent renews it
         chain prerouting {
             type filter hook prerouting priority raw; policy accept;
             ip daddr 198.51.100.10 meta pkttype { broadcast, multicast } meta pkttype set host
@@ -18,7 +19,7 @@ The base ruleset, for a VIP of 198.51.100.10 (``render_base``)::
             drop
         }
         chain classify {
-            tcp flags & (fin|syn|rst|ack) == syn
+            ip daddr @lease tcp flags & (fin|syn|rst|ack) == syn
                 meta mark set jhash ip saddr . tcp sport mod 1024 seed 0x2a
                 meta mark @active socket transparent 0 accept
         }
@@ -36,6 +37,9 @@ Why each piece:
   only set on SYNs to the VIP, after routing.
 * ``socket transparent 0`` matches only when a socket (the service's listener) exists, so a node
   whose service is down drops the SYN instead of resetting it.
+* With a lease, the rule also needs the VIP's element in the ``lease`` set, which times out unless
+  the agent renews it: a node whose agent died stops taking new connections by itself, before
+  the manager gives its buckets to other nodes (``ip daddr @lease`` then starts the rule).
 * The set and the classify rule are replaced together in one ``nft -f`` transaction
   (``render_apply``), so there is no instant with an empty set or a rule of another seed.
 """
@@ -61,7 +65,10 @@ def check_table_name(name: str) -> str:
 
 def check_vip(vip: str) -> str:
     """``vip`` normalised if it is an IPv4 address; raises ``ValueError`` otherwise."""
-    return str(ipaddress.IPv4Address(vip))
+    try:
+        return str(ipaddress.IPv4Address(vip))
+    except ValueError:
+        raise ValueError(f"{vip!r} is not an IPv4 address") from None
 
 
 def render_base(vip: str, table_name: str) -> str:
@@ -74,6 +81,10 @@ delete table ip {table}
 table ip {table} {{
     set active {{
         type mark
+    }}
+    set lease {{
+        type ipv4_addr
+        flags timeout
     }}
     chain prerouting {{
         type filter hook prerouting priority raw; policy accept;
@@ -94,15 +105,19 @@ table ip {table} {{
 """
 
 
-def render_classify_rule(bucket_count: int, seed: int, *, require_listener: bool) -> str:
-    """The rule that accepts a pure SYN whose bucket is in the ``active`` set."""
+def render_classify_rule(
+    bucket_count: int, seed: int, *, require_listener: bool, leased: bool = False
+) -> str:
+    """The rule that accepts a pure SYN whose bucket is in the ``active`` set (and, ``leased``,
+    only while the VIP's element in the ``lease`` set has not timed out)."""
     if not 1 <= bucket_count <= MAX_BUCKETS:
         raise ValueError(f"bucket_count must be 1..{MAX_BUCKETS}, not {bucket_count}")
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed must be 0..2^32-1, not {seed}")
     listener = " socket transparent 0" if require_listener else ""
+    lease = "ip daddr @lease " if leased else ""
     return (
-        "tcp flags & (fin|syn|rst|ack) == syn"
+        f"{lease}tcp flags & (fin|syn|rst|ack) == syn"
         f" meta mark set jhash ip saddr . tcp sport mod {bucket_count} seed {seed:#x}"
         f" meta mark @active{listener} accept"
     )
@@ -115,11 +130,17 @@ def render_apply(
     seed: int,
     *,
     require_listener: bool,
+    lease: float = 0.0,
+    vip: str = "",
 ) -> str:
-    """One transaction: the classify rule and the ``active`` set replaced together."""
+    """One transaction: the classify rule and the ``active`` set replaced together (and, with a
+    ``lease``, the lease renewed)."""
     table = check_table_name(table_name)
-    rule = render_classify_rule(bucket_count, seed, require_listener=require_listener)
-    lines = [
+    rule = render_classify_rule(
+        bucket_count, seed, require_listener=require_listener, leased=lease > 0
+    )
+    lines = render_renew(table, vip, lease).splitlines() if lease > 0 else []
+    lines += [
         f"flush chain ip {table} classify",
         f"add rule ip {table} classify {rule}",
         f"flush set ip {table} active",
@@ -131,6 +152,16 @@ def render_apply(
         chunk = ", ".join(str(bucket) for bucket in ordered[start : start + _ELEMENTS_PER_LINE])
         lines.append(f"add element ip {table} active {{ {chunk} }}")
     return "\n".join(lines) + "\n"
+
+
+def render_renew(table_name: str, vip: str, lease: float) -> str:
+    """One transaction that restarts the lease: the VIP's element, timing out in ``lease`` s."""
+    table = check_table_name(table_name)
+    milliseconds = max(1, round(lease * 1000))
+    return (
+        f"flush set ip {table} lease\n"
+        f"add element ip {table} lease {{ {check_vip(vip)} timeout {milliseconds}ms }}\n"
+    )
 
 
 def render_fence(table_name: str) -> str:

@@ -235,8 +235,10 @@ class ClusterLab:
         tick_interval: float = 0.02,
         min_rebuild_interval: float = 0.5,
         smoothing: float = 0.5,
+        lease: float = 0.25,
     ) -> None:
         self.workdir = workdir
+        self.lease = lease
         self.prefix = f"dl{os.getpid() % 100000}{secrets.token_hex(1)}"
         self.bucket_count = bucket_count
         self.heartbeat_interval = heartbeat_interval

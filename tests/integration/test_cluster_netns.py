@@ -197,6 +197,36 @@ def test_a_killed_node_fails_over_within_half_a_second_and_new_connections_succe
     assert all(r[1] in ("n1", "n2") for r in results if r[4] > killed_at + 1.5)
 
 
+def test_a_node_whose_agent_died_stops_by_its_lease_before_its_buckets_move(lab: ClusterLab):
+    # The agent is killed (no goodbye) while the service and the kernel rules live on. Without
+    # the lease, n3 would keep accepting its old buckets after the failover gave them to n1
+    # and n2: both would answer those SYNs.
+    victim = lab.node("n3")
+    stream = lab.client_process("stream", "3.0", "0.02")
+    time.sleep(0.8)
+    killed_at = time.monotonic()
+    lab.kill(victim.agent)
+    assert wait_until(
+        lambda: lab.settled(["n1", "n2"]) and "n3" not in lab.table().nodes,
+        timeout=5,
+        interval=0.005,
+    )
+    output, _ = stream.communicate(timeout=30)
+    results = json.loads(output)["results"]
+    lease_over = killed_at + lab.lease + 0.05
+    late_n3 = [r for r in results if r[4] >= lease_over and r[1] == "n3"]
+    failed = [r for r in results if r[4] >= killed_at and r[1] is None]
+    active = lab.nft(victim, "list", "set", "ip", "dnslb", "lease")
+    print(
+        f"\nagent killed, service alive: {len(results)} new connections, "
+        f"{sum(r[4] >= lease_over for r in results)} started after the lease ran out, of "
+        f"which {len(late_n3)} answered by n3; {len(failed)} failed after the kill"
+    )
+    assert "elements" not in active  # the VIP's lease element timed out
+    assert late_n3 == []
+    assert failed == []
+
+
 def test_a_stopped_agent_fences_its_node_and_keeps_its_established_connections(lab: ClusterLab):
     table: BucketTable = lab.table()
     sports = [s for s in range(30000, 31000) if table.owner(CLIENT, s) == "n2"][:5]
