@@ -6,9 +6,9 @@ Run as root from the repository root::
 
 1. **Build**: :func:`dnslb.dispatch.build_table` from scratch and as a rebalance (one node's
    weight halved), for 256 / 1,024 / 4,096 buckets and 3 / 10 / 50 nodes (pure Python).
-2. **Apply**: one ``nft -f`` transaction through the ``nftables`` driver in a fresh network
-   namespace, for 256 / 1,024 / 4,096 buckets, with the node holding a third of the buckets
-   (a 3-node cluster) and all of them.
+2. **Apply**: one transaction through the ``nftables`` driver in a fresh network namespace,
+   with libnftables in-process and with the ``nft -f -`` command, for 256 / 1,024 / 4,096
+   buckets, the node holding a third of the buckets (a 3-node cluster) and all of them.
 3. **Push**: a table pushed over HTTP to a node agent that applies it (the controller's
    pusher -> agent -> nft), the agent alone in a network namespace, over loopback.
 4. **Failover**: in the 3-node lab of ``tests/integration/cluster_lab.py``, a node's agent
@@ -97,15 +97,18 @@ def bench_build(rounds: int) -> None:
 
 
 def bench_apply(rounds: int) -> None:
-    print("\n== nft -f apply, one transaction (nftables driver, fresh netns) ==")
+    print("\n== table apply, one transaction (nftables driver, fresh netns) ==")
     name = f"dlbench{random.randrange(1 << 20):x}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         script = (
             "import sys, time\n"
-            "from agents.dispatch_drivers import NodeRules, create_driver\n"
+            "from agents.dispatch_drivers.base import NodeRules\n"
+            "from agents.dispatch_drivers.nftables import NftablesDriver\n"
+            "from agents.dispatch_drivers.nft_runner import LibNftables, NftCommand\n"
             "count, share, rounds = map(int, sys.argv[1:4])\n"
-            "driver = create_driver('nftables', NodeRules(vip='198.18.0.100'))\n"
+            "runner = LibNftables() if sys.argv[4] == 'lib' else NftCommand()\n"
+            "driver = NftablesDriver(NodeRules(vip='198.18.0.100', lease=0.25), runner)\n"
             "driver.install()\n"
             "for index in range(rounds):\n"
             "    mine = range(index % 3, count, 3) if share == 3 else range(count)\n"
@@ -113,29 +116,34 @@ def bench_apply(rounds: int) -> None:
             "    driver.apply(mine, count, 7 + index)\n"
             "    print((time.perf_counter() - started) * 1000)\n"
         )
-        for count in BUCKET_COUNTS:
-            for share, label in ((3, "a third"), (1, "all")):
-                done = subprocess.run(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        name,
-                        sys.executable,
-                        "-c",
-                        script,
-                        str(count),
-                        str(share),
-                        str(rounds),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    timeout=600,
-                    cwd=Path(__file__).resolve().parents[1],
-                )
-                samples = [float(line) for line in done.stdout.split()]
-                print(f"{count:5d} buckets, node holds {label:8s} {figures(samples)}")
+        for runner, runner_label in (("lib", "libnftables"), ("cmd", "nft -f -")):
+            for count in BUCKET_COUNTS:
+                for share, label in ((3, "a third"), (1, "all")):
+                    done = subprocess.run(
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            name,
+                            sys.executable,
+                            "-c",
+                            script,
+                            str(count),
+                            str(share),
+                            str(rounds),
+                            runner,
+                        ],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        timeout=600,
+                        cwd=Path(__file__).resolve().parents[1],
+                    )
+                    samples = [float(line) for line in done.stdout.split()]
+                    print(
+                        f"{runner_label:11s} {count:5d} buckets, node holds {label:8s} "
+                        f"{figures(samples)}"
+                    )
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
 
