@@ -136,29 +136,47 @@ def _lab(args: argparse.Namespace) -> int:
 def _node_agent(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
 
-    from agents.node_agent import NodeAgentConfig, read_token, run  # noqa: PLC0415
+    from agents.node_agent import (  # noqa: PLC0415
+        MIN_TOKEN_LENGTH,
+        NodeAgentConfig,
+        read_token,
+        run,
+    )
     from dnslb.errors import ConfigError  # noqa: PLC0415
 
+    # Collect every problem (listen address, token, settings) before failing.
+    problems: list[str] = []
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError("node agent", [f"--listen {args.listen!r}: expected HOST:PORT"])
-    config = NodeAgentConfig(
-        cluster=args.cluster,
-        node_id=args.node_id,
-        vip=args.vip,
-        token=read_token(args.token_file, args.token_env),
-        manager_url=args.manager_url,
-        listen_host=host.strip("[]"),
-        listen_port=int(port),
-        driver=args.driver,
-        bucket_count=args.bucket_count,
-        heartbeat_interval=args.heartbeat_interval,
-        max_concurrency=args.max_concurrency,
-        service_ports=tuple(args.service_port),
-        nft_table=args.nft_table,
-        require_listener=not args.no_listener_check,
-        lease=args.lease,
-    )
+        problems.append(f"--listen {args.listen!r}: expected HOST:PORT")
+        host, port = "127.0.0.1", "0"
+    try:
+        token = read_token(args.token_file, args.token_env)
+    except ConfigError as exc:
+        problems += exc.problems
+        token = "-" * MIN_TOKEN_LENGTH  # stands in so that the other settings get checked
+    try:
+        config = NodeAgentConfig(
+            cluster=args.cluster,
+            node_id=args.node_id,
+            vip=args.vip,
+            token=token,
+            manager_url=args.manager_url,
+            listen_host=host.strip("[]"),
+            listen_port=int(port),
+            driver=args.driver,
+            bucket_count=args.bucket_count,
+            heartbeat_interval=args.heartbeat_interval,
+            max_concurrency=args.max_concurrency,
+            service_ports=tuple(args.service_port),
+            nft_table=args.nft_table,
+            require_listener=not args.no_listener_check,
+            lease=args.lease,
+        )
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError("node agent", problems)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,

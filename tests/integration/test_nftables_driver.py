@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
@@ -53,8 +54,6 @@ def elements(ns: str, set_name: str) -> list:
 
 def in_netns(ns: str, action) -> object:
     """Run ``action`` in a thread that entered ``ns`` (the driver talks to that kernel)."""
-    import threading  # noqa: PLC0415
-
     box: dict[str, object] = {}
 
     def target() -> None:

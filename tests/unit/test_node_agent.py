@@ -401,3 +401,30 @@ def test_driver_registry():
     assert isinstance(create_driver("dry-run", NodeRules(vip=VIP)), DryRunDriver)
     with pytest.raises(ConfigError, match="unknown"):
         create_driver("ipvs", NodeRules(vip=VIP))
+
+
+def test_the_command_reports_every_problem_at_once(capsys: pytest.CaptureFixture[str]):
+    from dnslb.cli import main  # noqa: PLC0415
+
+    status = main(
+        [
+            "node-agent",
+            "--cluster",
+            "c",
+            "--node-id",
+            "n1",
+            "--vip",
+            "::1",
+            "--token-env",
+            "DNSLB_NO_SUCH_VARIABLE",
+            "--driver",
+            "x",
+            "--listen",
+            "nope",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "4 problems" in err
+    for problem in ("--listen 'nope'", "the token is empty", "not an IPv4 address", "'x' unknown"):
+        assert problem in err
