@@ -17,6 +17,9 @@ from dnslb.config import Secret, load_config, setting
 from dnslb.dnsname import name_problem, normalize
 from dnslb.plan import STATIC_TYPES
 from dnslb.policy import PoolPolicy
+from dnslb.scaling import ScalingPolicy
+from manager.providers.memory import MemoryProviderConfig
+from manager.providers.static import StaticProviderConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,16 @@ class HttpConfig:
 
     address: str = setting("127.0.0.1", help="listen address; loopback unless you mean it")
     port: int = setting(8700, help="listen port", min=1, max=65535)
+    advertise_url: str | None = setting(
+        None, help="URL launched servers' agents report to (default http://ADDRESS:PORT)"
+    )
+
+    @property
+    def url(self) -> str:
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}"
 
     def config_problems(self) -> Iterator[str]:
         try:
@@ -164,6 +177,39 @@ class MemberConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LifecycleConfig:
+    """Timeouts of a pool's servers."""
+
+    warming_timeout: float = setting(
+        300.0, help="seconds from launch to a healthy report before the server is replaced", min=1.0
+    )
+    drain_timeout: float = setting(
+        600.0, help="longest drain: terminate even with requests still in progress", min=0.0
+    )
+    describe_interval: float = setting(
+        2.0, help="seconds between provider status checks while a server boots", min=0.05
+    )
+    max_failed_launches: int = setting(
+        3, help="failed launches in a row before launching pauses", min=1
+    )
+    launch_backoff: float = setting(
+        300.0, help="seconds launching pauses after too many failures", min=0.0
+    )
+    reconcile_interval: float = setting(
+        60.0, help="seconds between comparisons of the provider's servers with the state", min=1.0
+    )
+    adopt_unknown: bool = setting(
+        False,
+        help="servers the provider runs for the pool but the state does not know: adopt them "
+        "(true) or terminate them (false)",
+    )
+
+
+ProviderConfig = StaticProviderConfig | MemoryProviderConfig
+"""Every provider's configuration, told apart by ``type``."""
+
+
+@dataclass(frozen=True, slots=True)
 class PoolConfig:
     """A load-balanced name and the servers behind it."""
 
@@ -174,6 +220,15 @@ class PoolConfig:
     health_check: TcpCheck | HttpCheck | None = setting(
         None, help="active health check, run centrally by the manager"
     )
+    provider: ProviderConfig | None = setting(
+        None, help="launches and terminates servers (local, ec2, openstack); none: members only"
+    )
+    scaling: ScalingPolicy | None = setting(
+        None, help="autoscaling; needs a provider that launches servers"
+    )
+    lifecycle: LifecycleConfig = setting(
+        default_factory=LifecycleConfig, help="timeouts of launched servers"
+    )
 
     @property
     def dns_name(self) -> str:
@@ -183,6 +238,8 @@ class PoolConfig:
     def config_problems(self) -> Iterator[str]:
         if self.name != "@" and (problem := name_problem(normalize(self.name))):
             yield f"name: {self.name!r}: {problem}"
+        if self.scaling is not None and self.provider is None:
+            yield "scaling: needs a provider that launches servers"
         seen: set[str] = set()
         for member in self.members:
             if member.id in seen:
@@ -232,6 +289,7 @@ class LoadedConfig:
 
     config: ManagerConfig
     base: Path
+    source: str = "the configuration file"
 
     def path(self, value: str) -> Path:
         path = Path(value)
@@ -241,4 +299,4 @@ class LoadedConfig:
 def load_manager_config(path: str | Path) -> LoadedConfig:
     """Load ``path``; a :class:`~dnslb.errors.ConfigError` lists every problem."""
     config = load_config(path, ManagerConfig)
-    return LoadedConfig(config=config, base=Path(path).resolve().parent)
+    return LoadedConfig(config=config, base=Path(path).resolve().parent, source=str(path))

@@ -9,27 +9,15 @@ health check's verdict) stay in memory and are rebuilt from fresh reports after 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 from dataclasses import dataclass, field
 
 from dnslb.config import Secret
 from dnslb.model import Event, ServerState
 from dnslb.policy import PoolPolicy, ServerLoad
 from dnslb.report import Report
+from dnslb.tokens import token_hash, token_matches
 from manager.config import PoolConfig
 from manager.state import ServerRecord, StateStore
-
-
-def token_hash(token: str) -> str:
-    """How a server's own token is stored: never the token itself."""
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def token_matches(token: str, stored_hash: str | None) -> bool:
-    if stored_hash is None:
-        return False
-    return hmac.compare_digest(token_hash(token), stored_hash)
 
 
 @dataclass(slots=True)
@@ -53,6 +41,18 @@ class ServerRuntime:
     folded_seq: int = -1  # seq of the newest report folded into ``load``
     check: CheckStatus = field(default_factory=CheckStatus)
     paused: bool = False  # the policy's verdict at the last tick
+    answered_until: float | None = None  # wall time the last answer holding it expires
+    served: int = 0  # requests served while known to this manager (from served_total)
+    served_total_seen: int | None = None  # the agent's counter at its newest report
+
+    def count_served(self, total: int | None) -> None:
+        """Fold an agent's ``served_total`` counter in; a counter that went back restarted."""
+        if total is None:
+            return
+        previous = self.served_total_seen
+        if previous is not None:
+            self.served += total - previous if total >= previous else total
+        self.served_total_seen = total
 
     @property
     def id(self) -> str:
@@ -111,11 +111,18 @@ class Fleet:
 
     def adopt(self, record: ServerRecord) -> ServerRuntime:
         """Track a server read back from the store (no event: nothing changed)."""
-        runtime = ServerRuntime(record=record)
+        runtime = ServerRuntime(record=record, served=int(record.data.get("served", 0)))
         if record.pool in self.pools:
             self.pools[record.pool].servers[record.id] = runtime
         self.servers[record.id] = runtime
         return runtime
+
+    def forget(self, server: ServerRuntime) -> None:
+        """Stop tracking a terminated server in memory (its record stays in the store)."""
+        self.servers.pop(server.id, None)
+        pool = self.pools.get(server.record.pool)
+        if pool is not None:
+            pool.servers.pop(server.id, None)
 
     def update(self, server: ServerRuntime, **changes: object) -> None:
         """Change durable fields of ``server`` and store them."""

@@ -81,6 +81,7 @@ class ReportIngest:
             )
         server.report = report
         server.report_at = self.monotonic()
+        server.count_served(report.served_total)
         utilization = report.utilization
         if (
             self.on_overload is not None

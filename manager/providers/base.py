@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dnslb.clock import Clock, SystemClock
 from dnslb.errors import DnslbError
 
 
@@ -55,6 +56,7 @@ class Instance:
     pool: str | None = None
     address: str | None = None  # the address answered in DNS, once known
     check_address: str | None = None
+    token_hash: str | None = None  # the hash of its agent's token, where the provider keeps it
     detail: str = ""
 
 
@@ -65,6 +67,7 @@ class ProviderContext:
     pool: str
     state_dir: Path  # for providers that keep files (the local provider's processes)
     manager_url: str
+    clock: Clock = field(default_factory=SystemClock)
 
 
 class Provider(ABC):
