@@ -287,14 +287,19 @@ class ClusterController:
             result[node_id] = max(1, state.max_concurrency) * spare
         return result
 
-    def utilization(self, now: float | None = None) -> float | None:
-        """Connections in progress over capacity, over the live nodes; None when none is alive."""
+    def load(self, now: float | None = None) -> tuple[int, int] | None:
+        """(connections in progress, capacity) summed over the live nodes; None when none is."""
         now = self.clock() if now is None else now
         states = [self._nodes[node_id] for node_id in self.alive(now)]
         capacity = sum(state.max_concurrency for state in states)
         if not capacity:
             return None
-        return sum(state.in_progress for state in states) / capacity
+        return sum(state.in_progress for state in states), capacity
+
+    def utilization(self, now: float | None = None) -> float | None:
+        """Connections in progress over capacity, over the live nodes; None when none is alive."""
+        load = self.load(now)
+        return None if load is None else load[0] / load[1]
 
     def status(self, now: float | None = None) -> list[NodeStatus]:
         """Every node, for the API and the dashboard."""
