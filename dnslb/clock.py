@@ -36,11 +36,17 @@ class SystemClock:
 
 
 class FakeClock:
-    """A clock that moves only when advanced; sleeping advances it (and yields to the loop)."""
+    """A clock that moves only when advanced; sleepers wake when it has moved far enough.
+
+    Virtual time: ``await clock.sleep(5)`` returns once ``advance`` has moved the clock five
+    seconds on, however long that takes in real time, so a test drives background tasks
+    (launches that poll a provider, say) second by second.
+    """
 
     def __init__(self, start: float = 1_000.0, wall_offset: float = 1_700_000_000.0) -> None:
         self.now = start
         self.wall_offset = wall_offset
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def monotonic(self) -> float:
         return self.now
@@ -52,7 +58,19 @@ class FakeClock:
         if seconds < 0:
             raise ValueError("a clock does not go back")
         self.now += seconds
+        waiting = []
+        for deadline, future in self._sleepers:
+            if deadline <= self.now:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                waiting.append((deadline, future))
+        self._sleepers = waiting
 
     async def sleep(self, seconds: float) -> None:
-        self.advance(max(0.0, seconds))
-        await asyncio.sleep(0)
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self.now + seconds, future))
+        await future

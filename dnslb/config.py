@@ -344,6 +344,27 @@ def load_config(path: str | os.PathLike[str], schema: type[_T]) -> _T:
     return parse_config(text, schema, source=str(file), base=file.resolve().parent)
 
 
+def to_document(value: Any) -> Any:
+    """A built configuration as a JSON-ready document that :func:`parse_config` reads back.
+
+    Secrets become their references, enums their values, tuples lists; never a secret's value.
+    """
+    if isinstance(value, Secret):
+        return value.reference
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: to_document(getattr(value, field.name))
+            for field in dataclasses.fields(value)
+        }
+    if isinstance(value, tuple | list):
+        return [to_document(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): to_document(item) for key, item in value.items()}
+    return value
+
+
 def dump_config(instance: object) -> str:
     """YAML text that :func:`parse_config` builds back into an equal ``instance``.
 
@@ -352,26 +373,8 @@ def dump_config(instance: object) -> str:
     """
     if not dataclasses.is_dataclass(instance) or isinstance(instance, type):
         raise TypeError(f"dump_config takes a dataclass instance, not {instance!r}")
-    text: str = yaml.safe_dump(_plain(instance), sort_keys=False, default_flow_style=False)
+    text: str = yaml.safe_dump(to_document(instance), sort_keys=False, default_flow_style=False)
     return text
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            field.name: _plain(getattr(value, field.name))
-            for field in dataclasses.fields(value)
-            if field.init
-        }
-    if isinstance(value, Secret):
-        return value.reference
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    return value
 
 
 # -- documentation ----------------------------------------------------------------------------

@@ -29,7 +29,8 @@ def pipe_command(plan: str | os.PathLike[str], *, python: str | None = None) -> 
     PowerDNS splits ``pipe-command`` on spaces and execs it, so the interpreter path must be
     absolute and no part may hold a space.
     """
-    command = [python or sys.executable, "-m", "dnslb", "pipe-backend", "--plan", str(plan)]
+    # -P: never put pdns's working directory on sys.path, where a stray module could shadow ours.
+    command = [python or sys.executable, "-P", "-m", "dnslb", "pipe-backend", "--plan", str(plan)]
     spaced = [part for part in command if " " in part or "\t" in part]
     if spaced:
         raise ConfigError(
@@ -103,11 +104,23 @@ def find_pdns_server() -> str:
 
 
 class PdnsServer:
-    """A ``pdns_server`` child process serving a plan through the pipe backend."""
+    """A ``pdns_server`` child process serving a plan through the pipe backend.
 
-    def __init__(self, settings: PdnsSettings, workdir: str | os.PathLike[str]) -> None:
+    ``config`` replaces the rendered ``pdns.conf`` (a benchmark's other backend or cache
+    settings); it must listen on ``settings.address`` and ``settings.port``, which :meth:`start`
+    probes, and should put its ``socket-dir`` in ``workdir``.
+    """
+
+    def __init__(
+        self,
+        settings: PdnsSettings,
+        workdir: str | os.PathLike[str],
+        *,
+        config: str | None = None,
+    ) -> None:
         self.settings = settings
         self.workdir = Path(workdir)
+        self.config = config
         self.log_path = self.workdir / "pdns.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -115,7 +128,10 @@ class PdnsServer:
         """Start pdns_server and wait until it answers an SOA query for ``probe_name``."""
         binary = find_pdns_server()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "pdns.conf").write_text(render_config(self.settings, self.workdir))
+        config = (
+            self.config if self.config is not None else render_config(self.settings, self.workdir)
+        )
+        (self.workdir / "pdns.conf").write_text(config)
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
                 [binary, f"--config-dir={self.workdir}"],

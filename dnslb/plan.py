@@ -531,14 +531,14 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "name": pool.name,
                 "k": pool.k,
                 "ttl_floor": pool.ttl_floor,
-                "fallback": pool.fallback.value,
+                "fallback": pool.fallback,  # a StrEnum is a str: JSON writes its value
                 "members": [
                     {
                         "id": m.id,
                         "address": m.address,
                         "weight": m.weight,
                         "ttl": m.ttl,
-                        "state": m.state.value,
+                        "state": m.state,
                         "utilization": m.utilization,
                     }
                     for m in pool.members

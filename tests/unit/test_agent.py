@@ -31,7 +31,8 @@ GOOD_STATUS = b'{"in_progress": 3, "max_concurrency": 10, "served_total": 99}'
 
 
 class RecordingClock(FakeClock):
-    """A fake clock that remembers every sleep the agent asked for."""
+    """A fake clock that the agent alone moves: each sleep jumps it to the wake-up time at
+    once (and yields to the loop), and is remembered."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -39,7 +40,8 @@ class RecordingClock(FakeClock):
 
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        await super().sleep(seconds)
+        self.advance(max(0.0, seconds))
+        await asyncio.sleep(0)
 
 
 def make_agent(

@@ -3,6 +3,7 @@ writing one back (as the local provider does)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from dnslb.agent_config import (
     NginxSourceConfig,
     PortSourceConfig,
 )
-from dnslb.config import dump_config, load_config, parse_config, reference, resolve_secret
+from dnslb.config import dump_config, load_config, parse_config, resolve_secret
 from dnslb.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent.yaml"
@@ -157,6 +158,10 @@ def test_the_example_file_loads(monkeypatch) -> None:
     assert load_config(EXAMPLE, AgentConfig).server_id == "cache-1"
 
 
-def test_the_documented_reference_is_current() -> None:
+def test_the_documented_example_loads(tmp_path: Path) -> None:
     docs = (EXAMPLE.parents[1] / "docs" / "agent.md").read_text()
-    assert reference(AgentConfig) in docs
+    [example] = re.findall(r"```yaml\n(.*?)```", docs, re.DOTALL)
+    config = load_config(write(tmp_path, example), AgentConfig)
+    assert config.source == NginxSourceConfig(
+        url="http://127.0.0.1:8080/nginx_status", max_concurrency=200
+    )

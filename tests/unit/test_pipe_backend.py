@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dnslb.pdns import pipe_command
 from dnslb.plan_store import FilePlanStore, last_good_store
 from pipe_backend.backend import PipeBackend
 from pipe_backend.protocol import MAX_LINE
@@ -440,3 +441,63 @@ def test_an_unwritable_last_good_place_is_logged_once_and_ignored(
             backend.poll()
     assert backend.plan is not None and backend.plan.version == 9
     assert caplog.text.count("cannot keep a last good plan") == 1
+
+
+def test_the_coprocess_ignores_modules_in_its_working_directory(
+    plan_path: Path, tmp_path: Path
+) -> None:
+    # pdns starts the coprocess in its own working directory; a stray pipe_backend.py there
+    # must not shadow the package.
+    (tmp_path / "pipe_backend.py").write_text("raise SystemExit('shadowed')\n")
+    (tmp_path / "dnslb.py").write_text("raise SystemExit('shadowed')\n")
+    result = subprocess.run(
+        pipe_command(plan_path),
+        input=b"HELO\t5\n" + q_line(5, "example.test", "SOA") + b"\n",
+        capture_output=True,
+        timeout=30,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert result.stdout.startswith(b"OK\tdnslb")
+    assert b"\tSOA\t" in result.stdout
+
+
+def test_answer_counts_are_exactly_what_was_answered(plan_path: Path) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    by_address = {m["address"]: m["id"] for m in plan_doc()["pools"][0]["members"]}
+    first: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
+
+    def ask(count: int, qtype: str) -> None:
+        for _ in range(count):
+            records = parse_reply(5, backend.handle(q_line(5, "www.example.test", qtype)))
+            first[by_address[records[0]["content"]]] += 1
+            seen.update(by_address[r["content"]] for r in records)
+
+    ask(300, "A")
+    ask(200, "ANY")
+    doc = plan_doc(version=8)
+    doc["pools"][0]["members"][0]["weight"] = 9  # a new plan: the old cycle's counts are kept
+    write_plan(plan_path, doc)
+    clock.now += 0.3
+    backend.poll()
+    ask(250, "ANY")
+    counts = backend.answer_counts()["www.example.test"]
+    assert {m: c[0] for m, c in counts.items()} == dict(first)
+    assert {m: c[1] for m, c in counts.items()} == dict(seen)
+
+
+def test_answer_counts_are_published_beside_the_plan(plan_path: Path) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    backend.stats_interval = 5.0
+    for _ in range(40):
+        backend.handle(q_line(5, "www.example.test", "A"))
+    backend.requests = 40
+    clock.now += 6
+    backend.poll()
+    [document] = FilePlanStore(plan_path).read_stats()
+    members = document["pools"]["www.example.test"]
+    assert sum(first for first, _ in members.values()) == 40
+    assert document["plan_version"] == 7

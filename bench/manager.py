@@ -1,0 +1,217 @@
+"""Manager benchmark: tick CPU by fleet size, and report ingest rate over HTTP on one core.
+
+Run: ``.venv/bin/python bench/manager.py`` (``--quick`` for a shorter run).
+
+1. **Tick CPU** at 100 / 1,000 / 10,000 servers (pools of 100): every server gets a fresh report
+   with a different utilization before each tick, so every tick folds new samples, moves some
+   servers in and out of pause, rebuilds the whole plan and publishes it. CPU time of the tick
+   (``time.process_time``), min and median over several ticks. Goal: <= 100 ms at 10,000.
+2. **Report ingest** over real HTTP: ``dnslb manager`` pinned to one core (``taskset``), ``wrk``
+   on the other posting valid reports (increasing seq per server) over keep-alive connections.
+   Goal: >= 5,000 reports/s. The in-process rate (no HTTP) is printed beside it.
+
+Nothing is asserted: the script prints figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from dnslb.clock import FakeClock
+from manager.config import load_manager_config
+from manager.service import Manager
+
+TOKEN = "bench-agent-token"
+PER_POOL = 100
+
+
+def write_config(directory: Path, servers: int, port: int = 8799) -> Path:
+    pools = []
+    for p in range(max(1, servers // PER_POOL)):
+        members = "\n".join(
+            f"      - {{id: s{p}-{i}, address: 10.{p // 250}.{p % 250}.{i + 1}}}"
+            for i in range(min(PER_POOL, servers))
+        )
+        pools.append(f"  - name: p{p}\n    zone: example.test\n    members:\n{members}")
+    path = directory / "manager.yaml"
+    path.write_text(
+        "zones: [{name: example.test, ns: [ns1.example.test]}]\n"
+        "auth: {agent_token: env:DNSLB_BENCH_TOKEN}\n"
+        f"http: {{port: {port}}}\n"
+        "down_after: 3600\n"
+        "pools:\n" + "\n".join(pools) + "\n"
+    )
+    return path
+
+
+def tick_cpu(servers: int, ticks: int) -> tuple[float, float, float]:
+    """(min ms, median ms, in-process ingest reports/s) for one fleet size."""
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = FakeClock()
+        manager = Manager(load_manager_config(write_config(Path(tmp), servers)), clock=clock)
+        ids = list(manager.fleet.servers)
+        seq = 0
+
+        def report_all(round_: int) -> float:
+            nonlocal seq
+            seq += 1
+            started = time.perf_counter()
+            for index, server in enumerate(ids):
+                body = {
+                    "server_id": server,
+                    "seq": seq,
+                    "time": clock.time(),
+                    "in_progress": (index * 7 + round_ * 13) % 95,
+                    "max_concurrency": 100,
+                }
+                manager.ingest.accept(TOKEN, json.dumps(body).encode())
+            return len(ids) / (time.perf_counter() - started)
+
+        rate = report_all(0)
+        clock.advance(1)
+        manager.tick()
+        samples = []
+        for round_ in range(1, ticks + 1):
+            report_all(round_)
+            clock.advance(1)
+            started = time.process_time()
+            plan = manager.tick()
+            samples.append((time.process_time() - started) * 1000)
+            assert plan is not None, "every tick should publish a changed plan"
+        manager.store.close()
+        return min(samples), statistics.median(samples), rate
+
+
+WRK_SCRIPT = """
+local servers = {servers}
+local counter = 0
+local thread_id = 0
+local threads = {{}}
+function setup(thread)
+  thread:set("tid", #threads)
+  table.insert(threads, thread)
+end
+function init(args)
+  seq = math.floor(os.time() * 1000)
+end
+request = function()
+  counter = counter + 1
+  seq = seq + 1
+  local server = "s" .. (tid % 100) .. "-" .. (counter % {per_pool})
+  local body = string.format(
+    '{{"server_id":"%s","seq":%d,"time":%d,"in_progress":%d,"max_concurrency":100}}',
+    server, seq, os.time(), counter % 90)
+  return wrk.format("POST", "/v1/reports", {{
+    ["Authorization"] = "Bearer {token}",
+    ["Content-Type"] = "application/json"}}, body)
+end
+"""
+
+
+def ingest_http(seconds: int, connections: int) -> tuple[float, str]:
+    """Reports/s accepted by a real manager on one core, and wrk's summary of errors."""
+    if shutil.which("wrk") is None or shutil.which("taskset") is None:
+        return 0.0, "wrk or taskset missing (apt-get install wrk util-linux)"
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        port = 8799
+        config = write_config(directory, 1000, port)
+        env = {**os.environ, "DNSLB_BENCH_TOKEN": TOKEN}
+        manager = subprocess.Popen(
+            [
+                "taskset",
+                "-c",
+                "0",
+                sys.executable,
+                "-m",
+                "dnslb",
+                "manager",
+                "--config",
+                str(config),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            script = directory / "report.lua"
+            # One wrk thread: each thread's seq is its own, and a server must only ever see
+            # increasing seq; servers are spread over the thread's requests.
+            script.write_text(WRK_SCRIPT.format(servers=1000, per_pool=PER_POOL, token=TOKEN))
+            result = subprocess.run(
+                [
+                    "taskset",
+                    "-c",
+                    "1",
+                    "wrk",
+                    "-t1",
+                    f"-c{connections}",
+                    f"-d{seconds}s",
+                    "-s",
+                    str(script),
+                    f"http://127.0.0.1:{port}/v1/reports",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        finally:
+            os.killpg(manager.pid, signal.SIGTERM)
+            manager.wait(10)
+        rate = 0.0
+        errors = "no non-2xx responses"
+        for line in result.stdout.splitlines():
+            if line.startswith("Requests/sec:"):
+                rate = float(line.split()[1])
+            if "Non-2xx" in line:
+                errors = line.strip()
+        return rate, errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer ticks, shorter load")
+    args = parser.parse_args()
+    ticks = 3 if args.quick else 7
+    os.environ["DNSLB_BENCH_TOKEN"] = TOKEN
+    print("tick CPU (process time per tick, every server with a fresh report):")
+    rows = []
+    for servers in (100, 1_000, 10_000):
+        low, median, rate = tick_cpu(servers, ticks)
+        rows.append((servers, low, median, rate))
+        print(f"  {servers:>6} servers: min {low:7.1f} ms  median {median:7.1f} ms")
+    seconds = 5 if args.quick else 15
+    http_rate, errors = ingest_http(seconds, connections=32)
+    in_process = max(rate for *_, rate in rows)
+    print("\nreport ingest:")
+    print(f"  in process (parse + validate + record): {in_process:,.0f} reports/s")
+    print(f"  over HTTP, manager on one core:         {http_rate:,.0f} reports/s ({errors})")
+    at_10k = rows[-1][2]
+    print("\nsummary (goal, measured, met):")
+    tick_met = "yes" if at_10k <= 100 else "no"
+    ingest_met = "yes" if http_rate >= 5000 else "no"
+    print(f"  tick at 10,000 servers   <= 100 ms     {at_10k:8.1f} ms   {tick_met}")
+    print(f"  ingest over HTTP         >= 5,000/s    {http_rate:8,.0f}/s   {ingest_met}")
+
+
+if __name__ == "__main__":
+    main()

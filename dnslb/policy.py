@@ -1,0 +1,166 @@
+"""The load policy: from utilization reports to pause flags, weights and TTLs. Pure functions.
+
+Per server and tick (DESIGN section 4):
+
+- :func:`update_load` folds the newest utilization sample into a time-aware exponential moving
+  average and decides *pause with hysteresis*: a server pauses as soon as either the sample or the
+  average is above ``th_over`` (react to overload at once) and resumes only when both are below
+  ``th_over - hysteresis`` (come back carefully).
+- :func:`member_weight` is the spare capacity, ``max_concurrency * (1 - u)``, never below a small
+  floor, ramped up over ``slow_start`` seconds for a server just added.
+- :func:`member_ttl` is ``ttl_max`` while the server is lightly loaded and falls linearly to
+  ``ttl_min`` as utilization approaches ``th_over``: clients of a busy server come back sooner, so
+  a pause or a new server takes effect quickly, while lightly loaded servers keep long TTLs.
+
+The simulator compares variants of these functions; :data:`TTL_FUNCTIONS` and
+:data:`WEIGHT_FUNCTIONS` name them, and a pool picks one in its policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from dnslb.config import setting
+from dnslb.plan import Fallback
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPolicy:
+    """How a pool's answers follow its servers' load."""
+
+    k: int = setting(4, help="addresses per answer (the research found 4 best)", min=1, max=64)
+    ttl_max: int = setting(60, help="TTL of a lightly loaded server, seconds", min=0)
+    ttl_min: int = setting(5, help="TTL of a server at th_over; also the TTL floor", min=0)
+    th_over: float = setting(0.8, help="utilization above which a server is paused", min=0.01)
+    hysteresis: float = setting(
+        0.1, help="a paused server resumes below th_over - hysteresis", min=0.0, max=1.0
+    )
+    ttl_knee: float = setting(
+        0.5, help="fraction of th_over up to which the TTL stays at ttl_max", min=0.0, max=1.0
+    )
+    slow_start: float = setting(
+        30.0, help="seconds over which a new server's weight ramps up to full", min=0.0
+    )
+    smoothing: float = setting(
+        1.0, help="time constant of the utilization average, seconds (0: no smoothing)", min=0.0
+    )
+    weight_floor: float = setting(
+        0.05, help="a serving server keeps at least this fraction of its weight", min=0.0, max=1.0
+    )
+    fallback: Fallback = setting(
+        Fallback.FAIL_OPEN,
+        help="answer when no server is eligible: fail_open, least_loaded, nodata",
+    )
+    ttl_function: str = setting("linear", help="TTL curve: linear or convex")
+    weight_function: str = setting("spare", help="weight curve: spare or spare_squared")
+
+    def config_problems(self) -> Iterator[str]:
+        if self.ttl_min > self.ttl_max:
+            yield f"ttl_min ({self.ttl_min}) must not exceed ttl_max ({self.ttl_max})"
+        if self.hysteresis >= self.th_over:
+            yield f"hysteresis ({self.hysteresis}) must be below th_over ({self.th_over})"
+        if self.ttl_function not in TTL_FUNCTIONS:
+            yield f"ttl_function must be one of {', '.join(TTL_FUNCTIONS)}"
+        if self.weight_function not in WEIGHT_FUNCTIONS:
+            yield f"weight_function must be one of {', '.join(WEIGHT_FUNCTIONS)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    """What the policy remembers about one server between ticks."""
+
+    utilization: float  # the moving average
+    sample: float  # the newest sample
+    paused: bool
+    at: float  # monotonic time of the newest sample
+
+
+def smooth(previous: float, sample: float, elapsed: float, time_constant: float) -> float:
+    """Exponential moving average over time: the weight of the past decays as exp(-t / tau)."""
+    if time_constant <= 0 or elapsed <= 0:
+        return sample if elapsed > 0 or time_constant <= 0 else previous
+    alpha = 1.0 - math.exp(-elapsed / time_constant)
+    return previous + alpha * (sample - previous)
+
+
+def update_load(
+    previous: ServerLoad | None, sample: float, at: float, policy: PoolPolicy
+) -> ServerLoad:
+    """Fold a utilization ``sample`` taken at monotonic time ``at`` into a server's load."""
+    if previous is None:
+        average = sample
+        was_paused = False
+    else:
+        average = smooth(previous.utilization, sample, at - previous.at, policy.smoothing)
+        was_paused = previous.paused
+    return ServerLoad(
+        utilization=average,
+        sample=sample,
+        paused=is_paused(was_paused, max(sample, average), policy),
+        at=at,
+    )
+
+
+def is_paused(was_paused: bool, utilization: float, policy: PoolPolicy) -> bool:
+    """Pause above ``th_over``; once paused, stay paused until below ``th_over - hysteresis``."""
+    if was_paused:
+        return utilization >= policy.th_over - policy.hysteresis - 1e-9  # 0.8 - 0.1 > 0.7
+    return utilization > policy.th_over
+
+
+def _spare(utilization: float) -> float:
+    return max(0.0, 1.0 - utilization)
+
+
+def _spare_squared(utilization: float) -> float:
+    return max(0.0, 1.0 - utilization) ** 2
+
+
+WEIGHT_FUNCTIONS: dict[str, Callable[[float], float]] = {
+    "spare": _spare,
+    "spare_squared": _spare_squared,
+}
+
+
+def member_weight(
+    utilization: float, max_concurrency: int, serving_for: float, policy: PoolPolicy
+) -> float:
+    """A serving server's weight: its spare capacity, ramped up after it starts serving.
+
+    ``serving_for`` is how long the server has been in the answers (seconds). The slow start
+    begins at ``1 / 20`` of the weight, so a new server gets some traffic at once.
+    """
+    spare = max(WEIGHT_FUNCTIONS[policy.weight_function](utilization), policy.weight_floor)
+    ramp = 1.0
+    if policy.slow_start > 0 and serving_for < policy.slow_start:
+        ramp = max(0.05, serving_for / policy.slow_start)
+    return max_concurrency * spare * ramp
+
+
+def _linear(fraction: float) -> float:
+    return fraction
+
+
+def _convex(fraction: float) -> float:
+    return fraction * fraction
+
+
+TTL_FUNCTIONS: dict[str, Callable[[float], float]] = {"linear": _linear, "convex": _convex}
+
+
+def member_ttl(utilization: float, policy: PoolPolicy) -> int:
+    """A server's TTL: ``ttl_max`` up to ``ttl_knee * th_over``, down to ``ttl_min`` at th_over.
+
+    The curve between is ``ttl_function`` of how far the load has gone from the knee to
+    ``th_over`` (linear by default); at or above ``th_over`` the TTL is ``ttl_min``.
+    """
+    knee = policy.ttl_knee * policy.th_over
+    if utilization <= knee:
+        return policy.ttl_max
+    if utilization >= policy.th_over:
+        return policy.ttl_min
+    fraction = (utilization - knee) / (policy.th_over - knee)
+    drop = TTL_FUNCTIONS[policy.ttl_function](fraction)
+    return round(policy.ttl_max - drop * (policy.ttl_max - policy.ttl_min))

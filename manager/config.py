@@ -1,0 +1,403 @@
+"""The manager's configuration file: a YAML document built into these frozen dataclasses.
+
+``dnslb manager --config manager.yaml`` loads it once with :func:`dnslb.config.load_config`;
+unknown keys, bad values and missing secrets are reported together with file and line.
+``docs/manager.md`` holds the reference generated from these classes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from dnslb.config import Secret, load_config, setting
+from dnslb.dnsname import name_problem, normalize
+from dnslb.plan import STATIC_TYPES
+from dnslb.policy import PoolPolicy
+from dnslb.scaling import ScalingPolicy
+from manager.clusters import ClusterNode, ClusterSettings
+from manager.providers.memory import MemoryProviderConfig
+from manager.providers.static import StaticProviderConfig
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """Where the manager listens for agent reports (and, later, the API)."""
+
+    address: str = setting("127.0.0.1", help="listen address; loopback unless you mean it")
+    port: int = setting(8700, help="listen port", min=1, max=65535)
+    advertise_url: str | None = setting(
+        None, help="URL launched servers' agents report to (default http://ADDRESS:PORT)"
+    )
+
+    @property
+    def url(self) -> str:
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}"
+
+    def config_problems(self) -> Iterator[str]:
+        try:
+            ipaddress.ip_address(self.address)
+        except ValueError:
+            yield f"address: {self.address!r} is not an IP address"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Tokens, always as references (``env:NAME`` or ``file:PATH``)."""
+
+    agent_token: Secret | None = setting(
+        None, help="token agents of static members may present (each member may have its own)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    """Where and how the plan is published."""
+
+    path: str = setting("plan.json", help="plan file (relative to the config file's directory)")
+    stale_after: float = setting(
+        30.0, help="pipe backends answer with TTL floors when the plan is older than this", min=1.0
+    )
+    refresh: float = setting(
+        5.0, help="republish an unchanged plan this often, to keep its age low", min=0.5
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        if self.refresh >= self.stale_after:
+            yield f"refresh ({self.refresh}) must be below stale_after ({self.stale_after})"
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    """Durable state."""
+
+    path: str = setting("state.db", help="SQLite database (relative to the config file)")
+
+
+@dataclass(frozen=True, slots=True)
+class SoaConfig:
+    """The zone's SOA record; serial follows the plan version."""
+
+    mname: str | None = setting(None, help="primary name server (default: the first NS)")
+    rname: str | None = setting(None, help="mailbox of the zone's owner (default hostmaster.ZONE)")
+    refresh: int = setting(10800, help="SOA refresh", min=0)
+    retry: int = setting(3600, help="SOA retry", min=0)
+    expire: int = setting(604800, help="SOA expire", min=0)
+    minimum: int = setting(60, help="negative-caching TTL (RFC 2308)", min=0)
+    ttl: int = setting(3600, help="TTL of the SOA record", min=0)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordConfig:
+    """A static record of a zone."""
+
+    name: str = setting(help="owner name: absolute, or relative to the zone ('@' for the apex)")
+    type: str = setting(help=f"one of {', '.join(STATIC_TYPES)}")
+    content: str = setting(help="zone-file data (an address, a name, '10 mx.example.com', ...)")
+    ttl: int = setting(3600, help="TTL", min=0)
+
+    def config_problems(self) -> Iterator[str]:
+        if self.type not in STATIC_TYPES:
+            yield f"type must be one of {', '.join(STATIC_TYPES)}, not {self.type!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneConfig:
+    """A zone the DNS servers are authoritative for."""
+
+    name: str = setting(help="the zone apex, e.g. example.com")
+    ns: tuple[str, ...] = setting(help="the apex NS names")
+    ns_ttl: int = setting(3600, help="TTL of the NS records", min=0)
+    soa: SoaConfig = setting(default_factory=SoaConfig, help="SOA record")
+    records: tuple[RecordConfig, ...] = setting(default_factory=tuple, help="static records")
+
+    def config_problems(self) -> Iterator[str]:
+        problem = name_problem(normalize(self.name))
+        if problem:
+            yield f"name: {self.name!r}: {problem}"
+        if not self.ns:
+            yield "ns: must name at least one name server"
+
+
+@dataclass(frozen=True, slots=True)
+class TcpCheck:
+    """Healthy when a TCP connection to the check address opens."""
+
+    type: Literal["tcp"]
+    port: int = setting(help="port to connect to", min=1, max=65535)
+    interval: float = setting(2.0, help="seconds between checks", min=0.1)
+    timeout: float = setting(1.0, help="seconds before a check fails", min=0.05)
+    rise: int = setting(2, help="passes in a row to become healthy", min=1)
+    fall: int = setting(2, help="failures in a row to become unhealthy", min=1)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCheck:
+    """Healthy when an HTTP GET answers with the expected status (and body text)."""
+
+    type: Literal["http"]
+    port: int = setting(80, help="port", min=1, max=65535)
+    path: str = setting("/", help="path to GET")
+    host: str | None = setting(None, help="Host header (default: the check address)")
+    expect_status: int = setting(200, help="expected status code", min=100, max=599)
+    expect_body: str | None = setting(None, help="text the body must contain")
+    interval: float = setting(2.0, help="seconds between checks", min=0.1)
+    timeout: float = setting(1.0, help="seconds before a check fails", min=0.05)
+    rise: int = setting(2, help="passes in a row to become healthy", min=1)
+    fall: int = setting(2, help="failures in a row to become unhealthy", min=1)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNodeConfig:
+    """A node of a single-IP cluster."""
+
+    id: str = setting(help="node id (in tables; its node agent reports under it)")
+    agent_url: str = setting(help="its node agent's URL, e.g. http://10.0.0.11:8701")
+    token: Secret = setting(help="the node agent's token: authenticates pushes and its reports")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """A single-IP cluster: nodes sharing one address, each taking its share of connections."""
+
+    name: str = setting(help="cluster name")
+    vip: str = setting(help="the shared address (a pool member with cluster: NAME answers it)")
+    seed: int = setting(help="jhash seed: fixed for the cluster's life", min=0, max=2**32 - 1)
+    nodes: tuple[ClusterNodeConfig, ...] = setting(help="the nodes")
+    bucket_count: int = setting(1024, help="buckets in the dispatch table", min=1, max=65536)
+    failover_after: float = setting(
+        0.3, help="seconds without a heartbeat before a node's buckets move", min=0.01, max=60.0
+    )
+    tick: float = setting(0.05, help="seconds between the controller's decisions", min=0.01)
+    weight_floor: float = setting(
+        0.05,
+        help="a fully loaded node keeps this share of a free node's weight",
+        min=0.001,
+        max=1.0,
+    )
+    smoothing: float = setting(
+        0.3, help="weight of the newest utilization sample (1: no smoothing)", min=0.001, max=1.0
+    )
+    rebalance_threshold: float = setting(
+        0.05, help="fraction of buckets a weight change must move to be made", min=0.0, max=1.0
+    )
+    join_after: float = setting(
+        1.0, help="seconds a node (back) in service must stay alive before it joins", min=0.0
+    )
+    push_timeout: float = setting(1.0, help="seconds a table push may take", min=0.01)
+
+    def config_problems(self) -> Iterator[str]:
+        try:
+            ipaddress.IPv4Address(self.vip)
+        except ValueError:
+            yield f"vip: {self.vip!r} is not an IPv4 address (clusters are IPv4 only)"
+        ids = [node.id for node in self.nodes]
+        if len(set(ids)) != len(ids):
+            yield "nodes: node ids must be unique"
+        if not self.nodes:
+            yield "nodes: at least one node"
+
+    def settings(self) -> ClusterSettings:
+        """The controller's settings (secrets revealed here, for the pushes)."""
+        return ClusterSettings(
+            name=self.name,
+            vip=self.vip,
+            nodes=tuple(
+                ClusterNode(node.id, node.agent_url.rstrip("/"), node.token.reveal())
+                for node in self.nodes
+            ),
+            seed=self.seed,
+            bucket_count=self.bucket_count,
+            failover_after=self.failover_after,
+            weight_floor=self.weight_floor,
+            smoothing=self.smoothing,
+            rebalance_threshold=self.rebalance_threshold,
+            join_after=self.join_after,
+            push_timeout=self.push_timeout,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MemberConfig:
+    """A server that is always in the pool (a static member)."""
+
+    id: str = setting(help="unique server id; its agent reports under this id")
+    address: str = setting(help="the address answered in DNS (IPv4 or IPv6)")
+    check_address: str | None = setting(
+        None, help="address health checks connect to (default: address)"
+    )
+    max_concurrency: int | None = setting(
+        None, help="requests it can serve at once (default: what its agent reports)", min=1
+    )
+    token: Secret | None = setting(None, help="this server's own agent token")
+    cluster: str | None = setting(
+        None, help="a single-IP cluster (clusters[].name): its nodes' load is this member's load"
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        for key, value in (("address", self.address), ("check_address", self.check_address)):
+            if value is None:
+                continue
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                yield f"{key}: {value!r} is not an IP address"
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleConfig:
+    """Timeouts of a pool's servers."""
+
+    warming_timeout: float = setting(
+        300.0, help="seconds from launch to a healthy report before the server is replaced", min=1.0
+    )
+    drain_timeout: float = setting(
+        600.0, help="longest drain: terminate even with requests still in progress", min=0.0
+    )
+    describe_interval: float = setting(
+        2.0, help="seconds between provider status checks while a server boots", min=0.05
+    )
+    max_failed_launches: int = setting(
+        3, help="failed launches in a row before launching pauses", min=1
+    )
+    launch_backoff: float = setting(
+        300.0, help="seconds launching pauses after too many failures", min=0.0
+    )
+    reconcile_interval: float = setting(
+        60.0, help="seconds between comparisons of the provider's servers with the state", min=1.0
+    )
+    adopt_unknown: bool = setting(
+        False,
+        help="servers the provider runs for the pool but the state does not know: adopt them "
+        "(true) or terminate them (false)",
+    )
+
+
+ProviderConfig = StaticProviderConfig | MemoryProviderConfig
+"""Every provider's configuration, told apart by ``type``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """A load-balanced name and the servers behind it."""
+
+    name: str = setting(help="pool name; its DNS name is NAME.ZONE ('@': the zone apex)")
+    zone: str = setting(help="the zone the name is in (one of zones[].name)")
+    policy: PoolPolicy = setting(default_factory=PoolPolicy, help="load policy")
+    members: tuple[MemberConfig, ...] = setting(default_factory=tuple, help="static members")
+    health_check: TcpCheck | HttpCheck | None = setting(
+        None, help="active health check, run centrally by the manager"
+    )
+    provider: ProviderConfig | None = setting(
+        None, help="launches and terminates servers (local, ec2, openstack); none: members only"
+    )
+    scaling: ScalingPolicy | None = setting(
+        None, help="autoscaling; needs a provider that launches servers"
+    )
+    lifecycle: LifecycleConfig = setting(
+        default_factory=LifecycleConfig, help="timeouts of launched servers"
+    )
+
+    @property
+    def dns_name(self) -> str:
+        zone = normalize(self.zone)
+        return zone if self.name == "@" else f"{normalize(self.name)}.{zone}"
+
+    def config_problems(self) -> Iterator[str]:
+        if self.name != "@" and (problem := name_problem(normalize(self.name))):
+            yield f"name: {self.name!r}: {problem}"
+        if self.scaling is not None and self.provider is None:
+            yield "scaling: needs a provider that launches servers"
+        seen: set[str] = set()
+        for member in self.members:
+            if member.id in seen:
+                yield f"members: duplicate id {member.id!r}"
+            seen.add(member.id)
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    """The manager's whole configuration."""
+
+    zones: tuple[ZoneConfig, ...] = setting(help="zones answered")
+    pools: tuple[PoolConfig, ...] = setting(default_factory=tuple, help="load-balanced names")
+    clusters: tuple[ClusterConfig, ...] = setting(
+        default_factory=tuple, help="single-IP clusters behind pool members"
+    )
+    http: HttpConfig = setting(default_factory=HttpConfig, help="HTTP listener")
+    auth: AuthConfig = setting(default_factory=AuthConfig, help="tokens")
+    plan: PlanConfig = setting(default_factory=PlanConfig, help="plan publishing")
+    state: StateConfig = setting(default_factory=StateConfig, help="durable state")
+    tick: float = setting(1.0, help="seconds between plan rebuilds", min=0.05, max=60.0)
+    down_after: float = setting(
+        3.0, help="a server whose agent has not reported for this long is down", min=0.1
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        zones = {normalize(zone.name) for zone in self.zones}
+        names: set[str] = set()
+        ids: dict[str, str] = {}
+        for pool in self.pools:
+            if normalize(pool.zone) not in zones:
+                yield f"pools: pool {pool.name!r} names zone {pool.zone!r}, which is not configured"
+            if pool.name in names:
+                yield f"pools: duplicate pool name {pool.name!r}"
+            names.add(pool.name)
+            for member in pool.members:
+                if member.id in ids:
+                    yield (
+                        f"pools: server id {member.id!r} is in both {ids[member.id]!r} "
+                        f"and {pool.name!r}"
+                    )
+                ids[member.id] = pool.name
+        if not self.zones:
+            yield "zones: at least one zone is needed"
+        clusters = {cluster.name: cluster for cluster in self.clusters}
+        if len(clusters) != len(self.clusters):
+            yield "clusters: cluster names must be unique"
+        used: set[str] = set()
+        for pool in self.pools:
+            for member in pool.members:
+                if member.cluster is None:
+                    continue
+                cluster = clusters.get(member.cluster)
+                if cluster is None:
+                    yield f"pools: member {member.id!r} names cluster {member.cluster!r}: not found"
+                    continue
+                if member.address != cluster.vip:
+                    yield (
+                        f"pools: member {member.id!r} has address {member.address}, but cluster "
+                        f"{cluster.name!r} has vip {cluster.vip}"
+                    )
+                used.add(cluster.name)
+        for cluster in self.clusters:
+            for node in cluster.nodes:
+                if node.id in ids:
+                    yield f"clusters: node id {node.id!r} is also a server id"
+            if cluster.name not in used:
+                yield f"clusters: cluster {cluster.name!r} is not a member of any pool"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    """A configuration and the directory its relative paths are resolved against."""
+
+    config: ManagerConfig
+    base: Path
+    source: str = "the configuration file"
+
+    def path(self, value: str) -> Path:
+        path = Path(value)
+        return path if path.is_absolute() else self.base / path
+
+
+def load_manager_config(path: str | Path) -> LoadedConfig:
+    """Load ``path``; a :class:`~dnslb.errors.ConfigError` lists every problem."""
+    config = load_config(path, ManagerConfig)
+    return LoadedConfig(config=config, base=Path(path).resolve().parent, source=str(path))

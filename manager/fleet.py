@@ -1,0 +1,174 @@
+"""The manager's view of its servers in memory: durable records plus what reports and checks say.
+
+:class:`Fleet` holds every pool and server. Durable facts live in each server's
+:class:`~manager.state.ServerRecord` (saved on every change through :meth:`Fleet.transition` and
+friends, each change also an event); fast-moving facts (the newest report, the policy's load, the
+health check's verdict) stay in memory and are rebuilt from fresh reports after a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from dnslb.config import Secret
+from dnslb.model import Event, ServerState
+from dnslb.policy import PoolPolicy, ServerLoad
+from dnslb.report import Report
+from dnslb.tokens import token_hash, token_matches
+from manager.config import PoolConfig
+from manager.state import ServerRecord, StateStore
+
+
+@dataclass(slots=True)
+class CheckStatus:
+    """An active health check's running verdict (rise/fall counting)."""
+
+    healthy: bool | None = None  # None until the check has decided once
+    passes: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+@dataclass(slots=True)
+class ServerRuntime:
+    """One server: its durable record and what is known about it right now."""
+
+    record: ServerRecord
+    report: Report | None = None
+    report_at: float | None = None  # monotonic time the newest report arrived
+    load: ServerLoad | None = None
+    folded_seq: int = -1  # seq of the newest report folded into ``load``
+    check: CheckStatus = field(default_factory=CheckStatus)
+    paused: bool = False  # the policy's verdict at the last tick
+    answered_until: float | None = None  # wall time the last answer holding it expires
+    served: int = 0  # requests served while known to this manager (from served_total)
+    served_total_seen: int | None = None  # the agent's counter at its newest report
+
+    def count_served(self, total: int | None) -> None:
+        """Fold an agent's ``served_total`` counter in; a counter that went back restarted."""
+        if total is None:
+            return
+        previous = self.served_total_seen
+        if previous is not None:
+            self.served += total - previous if total >= previous else total
+        self.served_total_seen = total
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def state(self) -> ServerState:
+        return self.record.state
+
+    @property
+    def max_concurrency(self) -> int | None:
+        if self.record.max_concurrency is not None:
+            return self.record.max_concurrency
+        return self.report.max_concurrency if self.report is not None else None
+
+
+@dataclass(slots=True)
+class PoolRuntime:
+    config: PoolConfig
+    servers: dict[str, ServerRuntime] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def policy(self) -> PoolPolicy:
+        return self.config.policy
+
+
+class Fleet:
+    """Every pool and server, with their durable state kept in a :class:`StateStore`."""
+
+    def __init__(self, store: StateStore, agent_token: Secret | None = None) -> None:
+        self.store = store
+        self.agent_token_hash = token_hash(agent_token.reveal()) if agent_token else None
+        self.pools: dict[str, PoolRuntime] = {}
+        self.servers: dict[str, ServerRuntime] = {}
+
+    def add_pool(self, config: PoolConfig) -> PoolRuntime:
+        pool = PoolRuntime(config=config)
+        self.pools[config.name] = pool
+        return pool
+
+    def add_server(
+        self, record: ServerRecord, *, event: str | None = None, now: float
+    ) -> ServerRuntime:
+        """Start tracking ``record`` (and store it); ``event`` says why it is new."""
+        runtime = ServerRuntime(record=record)
+        self.pools[record.pool].servers[record.id] = runtime
+        self.servers[record.id] = runtime
+        self.store.save_server(record)
+        if event:
+            self.log(now, "server_added", event, pool=record.pool, server=record.id)
+        return runtime
+
+    def adopt(self, record: ServerRecord) -> ServerRuntime:
+        """Track a server read back from the store (no event: nothing changed)."""
+        runtime = ServerRuntime(record=record, served=int(record.data.get("served", 0)))
+        if record.pool in self.pools:
+            self.pools[record.pool].servers[record.id] = runtime
+        self.servers[record.id] = runtime
+        return runtime
+
+    def forget(self, server: ServerRuntime) -> None:
+        """Stop tracking a terminated server in memory (its record stays in the store)."""
+        self.servers.pop(server.id, None)
+        pool = self.pools.get(server.record.pool)
+        if pool is not None:
+            pool.servers.pop(server.id, None)
+
+    def update(self, server: ServerRuntime, **changes: object) -> None:
+        """Change durable fields of ``server`` and store them."""
+        server.record = dataclasses.replace(server.record, **changes)  # type: ignore[arg-type]
+        self.store.save_server(server.record)
+
+    def transition(
+        self, server: ServerRuntime, state: ServerState, reason: str, *, now: float
+    ) -> None:
+        """Move ``server`` to ``state`` (stored, and logged as an event with ``reason``)."""
+        if server.state is state:
+            return
+        changes: dict[str, object] = {"state": state, "state_reason": reason, "state_since": now}
+        if state is ServerState.ACTIVE:
+            changes["serving_since"] = now
+        if state is ServerState.TERMINATED:
+            changes["terminated_at"] = now
+        previous = server.state
+        self.update(server, **changes)
+        self.log(
+            now,
+            "state",
+            f"{previous.value} -> {state.value}: {reason}",
+            pool=server.record.pool,
+            server=server.id,
+        )
+
+    def log(
+        self,
+        now: float,
+        kind: str,
+        reason: str,
+        *,
+        pool: str | None = None,
+        server: str | None = None,
+    ) -> Event:
+        return self.store.add_event(
+            Event(time=now, kind=kind, reason=reason, pool=pool, server=server)
+        )
+
+    def may_report(self, server: ServerRuntime, token: str) -> bool:
+        """True when ``token`` is this server's own token, or the shared agent token it may use."""
+        if server.record.token_hash is not None:
+            return token_matches(token, server.record.token_hash)
+        return token_matches(token, self.agent_token_hash)
+
+    def is_agent_token(self, token: str) -> bool:
+        """True for the shared agent token (lets a caller learn that a server id is unknown)."""
+        return token_matches(token, self.agent_token_hash)

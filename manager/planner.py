@@ -1,0 +1,205 @@
+"""From the fleet to a plan: health verdicts and the plan builder. Pure functions over snapshots.
+
+:func:`health_of` says whether a server is healthy now (fresh report, readable source, passing
+check), unhealthy (and why), or not known yet (the manager has just started). :func:`build_plan`
+turns pools and servers into the :class:`~dnslb.plan.Plan` the pipe backends answer from: active,
+healthy, unpaused servers with their weight and TTL; paused, down, draining and disabled ones with
+that state (never answered, but the fallback and operators see them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from dnslb.dnsname import is_within, normalize
+from dnslb.errors import ConfigError, PlanError
+from dnslb.model import ServerState
+from dnslb.plan import (
+    Member,
+    MemberState,
+    Plan,
+    Pool,
+    Record,
+    Soa,
+    Zone,
+    parse_plan,
+    plan_to_dict,
+)
+from dnslb.policy import member_ttl, member_weight
+from manager.config import PoolConfig, RecordConfig, ZoneConfig
+from manager.fleet import PoolRuntime, ServerRuntime
+
+_PLAN_STATES = {
+    ServerState.DOWN: MemberState.DOWN,
+    ServerState.DRAINING: MemberState.DRAINING,
+    ServerState.DISABLED: MemberState.DISABLED,
+}
+
+
+def health_of(
+    server: ServerRuntime,
+    *,
+    now: float,
+    down_after: float,
+    started_at: float,
+    checked: bool,
+) -> tuple[bool | None, str]:
+    """``(True, why)`` healthy, ``(False, why)`` unhealthy, ``(None, why)`` not known yet.
+
+    ``now`` and ``started_at`` (when the manager started) are monotonic seconds; ``checked``
+    says whether the pool has an active health check.
+    """
+    if server.report_at is None or server.report is None:
+        if now - started_at < down_after:
+            return None, "no report yet"
+        return False, f"no report for {down_after:g} s"
+    age = now - server.report_at
+    if age > down_after:
+        return False, f"no report for {age:.1f} s"
+    if server.report.error:
+        return False, f"agent reports: {server.report.error}"
+    if checked and server.check.healthy is False:
+        return False, f"health check failing: {server.check.last_error}"
+    if checked and server.check.healthy is None:
+        return None, "health check pending"
+    return True, "reporting" + (" and passing its health check" if checked else "")
+
+
+def eligible(server: ServerRuntime, *, now: float, down_after: float) -> bool:
+    """Whether ``server`` may be answered: active, with a fresh report, unpaused."""
+    report_fresh = server.report_at is not None and now - server.report_at <= down_after
+    return (
+        server.state is ServerState.ACTIVE
+        and report_fresh
+        and server.report is not None
+        and not server.report.error
+        and not server.paused
+        and not server.record.admin_paused
+    )
+
+
+def plan_member(
+    pool: PoolRuntime, server: ServerRuntime, *, now: float, wall: float, down_after: float
+) -> Member | None:
+    """The server as a plan member, or None when it has no place in the plan yet (or any more)."""
+    state = server.state
+    load = server.load
+    utilization = round(load.utilization, 3) if load is not None else 0.0
+    if state is ServerState.ACTIVE:
+        if eligible(server, now=now, down_after=down_after):
+            member_state = MemberState.ACTIVE
+        elif server.paused or server.record.admin_paused:
+            member_state = MemberState.PAUSED
+        else:
+            member_state = MemberState.DOWN  # not heard from since the manager started
+    elif state in _PLAN_STATES:
+        member_state = _PLAN_STATES[state]
+    else:
+        return None
+    policy = pool.policy
+    weight = 0.0
+    ttl = policy.ttl_min
+    if member_state is MemberState.ACTIVE:
+        serving_for = wall - (server.record.serving_since or wall)
+        weight = member_weight(utilization, server.max_concurrency or 1, serving_for, policy)
+        ttl = member_ttl(utilization, policy)
+    return Member(
+        id=server.id,
+        address=server.record.address,
+        weight=round(weight, 2),
+        ttl=ttl,
+        state=member_state,
+        utilization=utilization,
+    )
+
+
+def build_plan(
+    zones: Iterable[Zone],
+    pools: Iterable[PoolRuntime],
+    *,
+    version: int,
+    generated_at: float | None,
+    stale_after: float | None,
+    now: float,
+    down_after: float,
+) -> Plan:
+    """The plan for this moment. ``now`` is monotonic; ``generated_at`` is wall time.
+
+    Build it with ``version=0`` and ``generated_at=None`` to compare contents between ticks.
+    """
+    wall = generated_at if generated_at is not None else 0.0
+    plan_pools = []
+    for pool in pools:
+        members = []
+        for server in pool.servers.values():
+            member = plan_member(pool, server, now=now, wall=wall, down_after=down_after)
+            if member is not None:
+                members.append(member)
+        plan_pools.append(plan_pool(pool.config, members))
+    return Plan(
+        version=version,
+        zones=tuple(
+            dataclasses.replace(zone, soa=dataclasses.replace(zone.soa, serial=version % 2**32))
+            for zone in zones
+        ),
+        pools=tuple(plan_pools),
+        generated_at=generated_at,
+        stale_after=stale_after,
+    )
+
+
+def plan_pool(config: PoolConfig, members: list[Member]) -> Pool:
+    policy = config.policy
+    return Pool(
+        name=config.dns_name,
+        members=tuple(sorted(members, key=lambda member: member.id)),
+        k=policy.k,
+        ttl_floor=policy.ttl_min,
+        fallback=policy.fallback,
+    )
+
+
+def plan_zones(zones: Iterable[ZoneConfig]) -> tuple[Zone, ...]:
+    """The configured zones, checked by the plan's own validator so that every plan published
+    is valid; a :class:`~dnslb.errors.ConfigError` names each bad record."""
+    built = tuple(plan_zone(zone, serial=0) for zone in zones)
+    try:
+        return parse_plan(plan_to_dict(Plan(version=0, zones=built))).zones
+    except PlanError as exc:
+        raise ConfigError("invalid zones", exc.problems) from None
+
+
+def plan_zone(zone: ZoneConfig, *, serial: int) -> Zone:
+    name = normalize(zone.name)
+    ns = tuple(normalize(server) for server in zone.ns)
+    soa = zone.soa
+    return Zone(
+        name=name,
+        soa=Soa(
+            mname=normalize(soa.mname) if soa.mname else ns[0],
+            rname=normalize(soa.rname) if soa.rname else f"hostmaster.{name}",
+            serial=serial,
+            refresh=soa.refresh,
+            retry=soa.retry,
+            expire=soa.expire,
+            minimum=soa.minimum,
+            ttl=soa.ttl,
+        ),
+        ns=ns,
+        ns_ttl=zone.ns_ttl,
+        records=tuple(_record(record, name) for record in zone.records),
+    )
+
+
+def _record(record: RecordConfig, zone: str) -> Record:
+    """A record with its owner made absolute: ``@`` is the apex, and a name that does not already
+    end with the zone (or a dot) is relative to it."""
+    name = normalize(record.name)
+    if record.name == "@":
+        owner = zone
+    elif record.name.endswith(".") or is_within(name, zone):
+        owner = name
+    else:
+        owner = f"{name}.{zone}"
+    return Record(name=owner, type=record.type, ttl=record.ttl, content=record.content)

@@ -1,0 +1,128 @@
+"""The provider interface: a small base class, and a registry of implementations by name.
+
+A provider launches, describes, lists and terminates the servers of one pool. Calls are
+``async``; an implementation whose SDK blocks (boto3, openstacksdk) runs it off the event loop
+(``asyncio.to_thread``). Launches are idempotent by ``LaunchRequest.server_id`` (a retried launch
+never starts two servers) and every server a provider starts carries the pool and server id
+(tags, metadata, a directory name), so that :meth:`Provider.list_owned` finds it again after a
+manager restart or crash.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar
+
+from dnslb.clock import Clock, SystemClock
+from dnslb.errors import DnslbError
+
+
+class ProviderError(DnslbError):
+    """A provider call failed; ``retryable`` says whether trying again (elsewhere) may help."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class InstanceStatus(StrEnum):
+    PENDING = "pending"  # exists, not yet running or without an address
+    RUNNING = "running"  # running with an address
+    STOPPING = "stopping"
+    GONE = "gone"  # terminated or never existed
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    """What a provider needs to start one server."""
+
+    server_id: str  # also the idempotency key
+    pool: str
+    agent_token: str  # the server's own token, for its agent's reports
+    manager_url: str  # where its agent reports
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A server as its provider sees it."""
+
+    ref: str  # the provider's own id: instance id, directory name...
+    status: InstanceStatus
+    server_id: str | None = None  # read back from tags/metadata
+    pool: str | None = None
+    address: str | None = None  # the address answered in DNS, once known
+    check_address: str | None = None
+    token_hash: str | None = None  # the hash of its agent's token, where the provider keeps it
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderContext:
+    """What the manager gives every provider."""
+
+    pool: str
+    state_dir: Path  # for providers that keep files (the local provider's processes)
+    manager_url: str
+    clock: Clock = field(default_factory=SystemClock)
+
+
+class Provider(ABC):
+    """Launches and terminates the servers of one pool."""
+
+    kind: ClassVar[str]
+    can_launch: ClassVar[bool] = True
+
+    def __init__(self, config: Any, context: ProviderContext) -> None:
+        self.config = config
+        self.context = context
+
+    @abstractmethod
+    async def launch(self, request: LaunchRequest) -> Instance:
+        """Start a server (returning once it exists, possibly still pending)."""
+
+    @abstractmethod
+    async def describe(self, ref: str) -> Instance:
+        """The server now (``InstanceStatus.GONE`` when it no longer exists)."""
+
+    @abstractmethod
+    async def terminate(self, ref: str) -> None:
+        """Stop and remove the server; succeeds when it is already gone."""
+
+    @abstractmethod
+    async def list_owned(self) -> list[Instance]:
+        """Every server this provider runs for its pool, found from its own records (tags...)."""
+
+    async def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Release connections; by default nothing to do."""
+
+
+_REGISTRY: dict[str, Callable[[Any, ProviderContext], Provider]] = {}
+
+
+def register(kind: str) -> Callable[[type[Provider]], type[Provider]]:
+    """Class decorator: make a provider available under ``kind``."""
+
+    def decorate(cls: type[Provider]) -> type[Provider]:
+        cls.kind = kind
+        _REGISTRY[kind] = cls
+        return cls
+
+    return decorate
+
+
+def provider_class(kind: str) -> Callable[[Any, ProviderContext], Provider]:
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        raise ProviderError(
+            f"no provider named {kind!r} (known: {', '.join(sorted(_REGISTRY))})"
+        ) from None
+
+
+def create_provider(config: Any, context: ProviderContext) -> Provider:
+    """The provider a pool's ``provider`` block names (its ``type``)."""
+    return provider_class(config.type)(config, context)

@@ -1,0 +1,622 @@
+"""The manager: one asyncio process that turns agent reports into published plans.
+
+:class:`Manager` wires the parts together: the durable :class:`~manager.state.StateStore`, the
+in-memory :class:`~manager.fleet.Fleet`, report ingest over HTTP, central health checks, and the
+tick. Each tick (1 s by default, at once when a report shows a new overload) it
+
+1. moves servers between states on what reports and checks say (each change an event),
+2. runs the load policy (smoothed utilization, pause with hysteresis),
+3. builds the plan and publishes it when its contents changed, or when it is due for a refresh
+   of its age.
+
+:meth:`Manager.tick` is synchronous and reads time only from the injected clock, so tests drive it
+without sleeping. After a restart the manager does not publish until every server has reported
+again or ``down_after`` has passed: it never publishes an all-healthy plan on old news.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+
+from dnslb.clock import Clock, SystemClock
+from dnslb.config import parse_config, to_document
+from dnslb.control import AdminAction, Conflict, NotFound
+from dnslb.dnsname import normalize
+from dnslb.errors import ConfigError
+from dnslb.model import ServerState
+from dnslb.plan import MemberState, Plan
+from dnslb.plan_store import FilePlanStore, PlanStore
+from dnslb.policy import update_load
+from dnslb.report import Report
+from dnslb.tokens import token_hash
+from manager.clusters import ClusterController, HttpTablePusher
+from manager.config import LoadedConfig, MemberConfig, PoolConfig
+from manager.fleet import Fleet, PoolRuntime, ServerRuntime
+from manager.health import HealthChecker
+from manager.http import ASGIApp, HttpServer, ManagerApp, listen
+from manager.ingest import ReportIngest
+from manager.lifecycle import PROPAGATION, PoolLifecycle
+from manager.planner import build_plan, health_of, plan_zones
+from manager.providers import ProviderContext, create_provider
+from manager.state import ServerRecord, StateStore
+
+log = logging.getLogger("dnslb.manager")
+
+_URGENT_SPACING = 0.1  # seconds: overload reports trigger ticks at most this often
+
+
+class Manager:
+    """The manager process's state and main loop."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        clock: Clock | None = None,
+        publisher: PlanStore | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.config = loaded.config
+        self.clock = clock or SystemClock()
+        self.zones = plan_zones(self.config.zones)
+        self.store = StateStore(loaded.path(self.config.state.path))
+        self.publisher = publisher or FilePlanStore(loaded.path(self.config.plan.path))
+        self.fleet = Fleet(self.store, self.config.auth.agent_token)
+        self.health = HealthChecker(self.fleet)
+        self.lifecycles: dict[str, PoolLifecycle] = {}
+        self.pool_sources: dict[str, str] = {}  # pool -> "config" or "api"
+        self._providers_dir = loaded.path(self.config.state.path).parent / "providers"
+        for pool in self.config.pools:
+            self._install_pool(pool, source="config")
+        for document in self.store.load_pools():
+            self._install_stored_pool(document)
+        self._restore()
+        self.clusters: dict[str, ClusterController] = {}
+        cluster_nodes: dict[str, tuple[ClusterController, str]] = {}
+        for cluster in self.config.clusters:
+            controller = ClusterController(
+                cluster.settings(),
+                HttpTablePusher(timeout=cluster.push_timeout),
+                clock=self.clock.monotonic,
+            )
+            self.clusters[cluster.name] = controller
+            for node in cluster.nodes:
+                cluster_nodes[node.id] = (controller, token_hash(node.token.reveal()))
+        self.cluster_members = {
+            member.id: member.cluster
+            for pool in self.config.pools
+            for member in pool.members
+            if member.cluster is not None
+        }
+        self._cluster_seq = int(self.clock.time() * 1000)
+        self._cluster_events_logged: dict[str, float] = {}
+        self.ingest = ReportIngest(
+            self.fleet,
+            self.clock.monotonic,
+            on_overload=self._overload,
+            cluster_nodes=cluster_nodes,
+        )
+        self.started_at = self.clock.monotonic()
+        self.version = int(self.store.get_meta("plan_version") or 0)
+        self.plan: Plan | None = None  # the last plan published
+        self.tick_errors = 0
+        self.tick_seconds = 0.0
+        self._answer_counts: tuple[float, dict[str, tuple[int, int]]] | None = None
+        self._content: Plan | None = None
+        self._published_at: float | None = None
+        self._urgent = asyncio.Event()
+        self.api: ASGIApp | None = None
+
+    # -- pools ----------------------------------------------------------------------------------
+
+    def _install_pool(self, pool: PoolConfig, *, source: str) -> None:
+        """Start managing ``pool`` (its servers come from the store or are added after)."""
+        self.fleet.add_pool(pool)
+        self.pool_sources[pool.name] = source
+        if pool.provider is not None:
+            context = ProviderContext(
+                pool=pool.name,
+                state_dir=self._providers_dir / pool.name,
+                manager_url=self.config.http.url,
+                clock=self.clock,
+            )
+            self.lifecycles[pool.name] = PoolLifecycle(
+                pool=self.fleet.pools[pool.name],
+                fleet=self.fleet,
+                provider=create_provider(pool.provider, context),
+                scaling=pool.scaling,
+                config=pool.lifecycle,
+                clock=self.clock,
+            )
+
+    def _install_stored_pool(self, document: dict[str, object]) -> None:
+        name = document.get("name")
+        try:
+            pool = parse_config(json.dumps(document), PoolConfig, source=f"stored pool {name!r}")
+        except ConfigError as exc:
+            log.error("pool %r from the state database is invalid, skipped: %s", name, exc)
+            return
+        if pool.name in self.fleet.pools:
+            log.error(
+                "pool %r is in both the configuration file and the state database; the file's wins",
+                pool.name,
+            )
+            return
+        self._install_pool(pool, source="api")
+
+    def check_new_pool(self, pool: PoolConfig, *, replacing: str | None = None) -> None:
+        """Refuse a pool that does not fit beside the others (zone, name, server ids)."""
+        problems = []
+        zones = {zone.name for zone in self.zones}
+        if normalize(pool.zone) not in zones:
+            problems.append(f"zone: {pool.zone!r} is not one of the configured zones")
+        if pool.name in self.fleet.pools and pool.name != replacing:
+            raise Conflict(f"pool {pool.name!r} exists")
+        dns_names = {p.config.dns_name: n for n, p in self.fleet.pools.items() if n != replacing}
+        if pool.dns_name in dns_names:
+            problems.append(f"name: {pool.dns_name} is already pool {dns_names[pool.dns_name]!r}")
+        for index, member in enumerate(pool.members):
+            owner = self.fleet.servers.get(member.id)
+            if owner is not None and owner.record.pool != replacing:
+                problems.append(
+                    f"members[{index}].id: {member.id!r} is a server of pool {owner.record.pool!r}"
+                )
+        if problems:
+            raise ConfigError("invalid pool", problems)
+
+    def add_pool(self, pool: PoolConfig) -> None:
+        """Create a pool at runtime (persisted; in the next plan)."""
+        self.check_new_pool(pool)
+        now = self.clock.time()
+        with self.store.batch():
+            self.store.save_pool(pool.name, to_document(pool), now)
+            self._install_pool(pool, source="api")
+            for member in pool.members:
+                self.fleet.add_server(
+                    _static_record(pool, member, now), event="static member added", now=now
+                )
+            self.fleet.log(now, "pool_created", f"pool {pool.dns_name} created", pool=pool.name)
+        self.health.start_pool(self.fleet.pools[pool.name])
+
+    async def replace_pool(self, pool: PoolConfig) -> None:
+        """Change a runtime pool: policy, scaling and checks apply at once; members are diffed."""
+        old = self._runtime_pool(pool.name)
+        if (old.config.provider is None) != (pool.provider is None) or (
+            old.config.provider is not None
+            and pool.provider is not None
+            and old.config.provider.type != pool.provider.type
+        ):
+            raise Conflict("a pool's provider cannot change; create a new pool")
+        self.check_new_pool(pool, replacing=pool.name)
+        now = self.clock.time()
+        with self.store.batch():
+            self.store.save_pool(pool.name, to_document(pool), now)
+            old.config = pool
+            lifecycle = self.lifecycles.get(pool.name)
+            if lifecycle is not None:
+                lifecycle.scaling = pool.scaling
+                lifecycle.config = pool.lifecycle
+            wanted = {member.id: member for member in pool.members}
+            for server in list(old.servers.values()):
+                if server.record.origin == "static" and server.id not in wanted:
+                    self._retire(server, "removed from the pool", now)
+            for member in pool.members:
+                record = _static_record(pool, member, now)
+                existing = self.fleet.servers.get(member.id)
+                if existing is None:
+                    self.fleet.add_server(record, event="static member added", now=now)
+                    continue
+                changes = {
+                    key: getattr(record, key)
+                    for key in ("address", "check_address", "max_concurrency", "token_hash")
+                    if getattr(record, key) != getattr(existing.record, key)
+                }
+                if changes:
+                    self.fleet.update(existing, **changes)
+            self.fleet.log(now, "pool_updated", "pool configuration changed", pool=pool.name)
+        await self.health.stop_pool(pool.name)
+        self.health.start_pool(old)
+
+    async def remove_pool(self, name: str) -> None:
+        """Delete a runtime pool: out of the plan now; launched servers are terminated."""
+        pool = self._runtime_pool(name)
+        now = self.clock.time()
+        await self.health.stop_pool(name)
+        lifecycle = self.lifecycles.pop(name, None)
+        with self.store.batch():
+            for server in list(pool.servers.values()):
+                self._retire(server, "pool deleted", now)
+        if lifecycle is not None:
+            await lifecycle.terminate_all("pool deleted")
+            await lifecycle.close()
+        with self.store.batch():
+            del self.fleet.pools[name]
+            del self.pool_sources[name]
+            self.store.delete_pool(name)
+            self.fleet.log(now, "pool_deleted", "pool deleted", pool=name)
+
+    def _runtime_pool(self, name: str) -> PoolRuntime:
+        pool = self.fleet.pools.get(name)
+        if pool is None:
+            raise NotFound(f"no pool {name!r}")
+        if self.pool_sources[name] == "config":
+            raise Conflict(f"pool {name!r} is defined in {self.loaded.source}; change it there")
+        return pool
+
+    def _retire(self, server: ServerRuntime, why: str, now: float) -> None:
+        """A static server leaves for good (a launched one is left to its lifecycle)."""
+        if server.record.origin != "static":
+            return
+        self.fleet.transition(server, ServerState.TERMINATED, why, now=now)
+        self.fleet.forget(server)
+
+    # -- operators ------------------------------------------------------------------------------
+
+    def admin(self, server_id: str, action: AdminAction, reason: str) -> ServerRuntime:
+        """Carry out an operator's action on a server; it wins over the policy until cleared."""
+        server = self.fleet.servers.get(server_id)
+        if server is None:
+            raise NotFound(f"no server {server_id!r}")
+        now = self.clock.time()
+        why = f"operator: {reason}" if reason else "operator"
+        state = server.state
+        if action in (AdminAction.PAUSE, AdminAction.RESUME):
+            paused = action is AdminAction.PAUSE
+            if server.record.admin_paused != paused:
+                self.fleet.update(server, admin_paused=paused)
+                self.fleet.log(
+                    now, f"admin_{action.value}", why, pool=server.record.pool, server=server.id
+                )
+        elif action is AdminAction.DISABLE:
+            if state is ServerState.LAUNCHING:
+                raise Conflict(f"{server_id} is still launching; drain it once it runs")
+            self.fleet.transition(server, ServerState.DISABLED, why, now=now)
+        elif action is AdminAction.ENABLE:
+            if state not in (ServerState.DISABLED, ServerState.DRAINING):
+                raise Conflict(f"{server_id} is {state.value}, not disabled or drained")
+            lifecycle = self.lifecycles.get(server.record.pool)
+            if (
+                state is ServerState.DRAINING
+                and lifecycle is not None
+                and server.record.origin != "static"
+            ):
+                raise Conflict(f"{server_id} is draining to be terminated; launch another instead")
+            self.fleet.transition(
+                server, ServerState.WARMING, f"{why}; waiting for a healthy report", now=now
+            )
+        elif action is AdminAction.DRAIN:
+            if state in (ServerState.DRAINING, ServerState.LAUNCHING):
+                raise Conflict(f"{server_id} is {state.value}")
+            lifecycle = self.lifecycles.get(server.record.pool)
+            if lifecycle is not None and server.record.origin != "static":
+                lifecycle.drain(server, why, now)
+            else:
+                self.fleet.transition(server, ServerState.DRAINING, why, now=now)
+        return server
+
+    async def add_member(self, pool_name: str, member: MemberConfig) -> ServerRuntime:
+        pool = self._runtime_pool(pool_name)
+        await self.replace_pool(
+            dataclasses.replace(pool.config, members=(*pool.config.members, member))
+        )
+        return self.fleet.servers[member.id]
+
+    async def remove_member(self, server_id: str) -> None:
+        server = self.fleet.servers.get(server_id)
+        if server is None:
+            raise NotFound(f"no server {server_id!r}")
+        pool = self._runtime_pool(server.record.pool)
+        if server.record.origin != "static":
+            raise Conflict(f"{server_id} was launched by the provider; drain it instead")
+        members = tuple(m for m in pool.config.members if m.id != server_id)
+        await self.replace_pool(dataclasses.replace(pool.config, members=members))
+
+    # -- start-up -----------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Read servers back from the store and line static members up with the pools."""
+        now = self.clock.time()
+        stored = {record.id: record for record in self.store.load_servers()}
+        for pool in [runtime.config for runtime in self.fleet.pools.values()]:
+            for member in pool.members:
+                record = stored.pop(member.id, None)
+                wanted = _static_record(pool, member, now)
+                if record is None:
+                    self.fleet.add_server(wanted, event="static member configured", now=now)
+                    continue
+                if record.state is ServerState.TERMINATED or record.pool != pool.name:
+                    record = dataclasses.replace(wanted, created_at=record.created_at)
+                    self.fleet.add_server(record, event="static member (re)configured", now=now)
+                    continue
+                runtime = self.fleet.adopt(record)
+                changes = {
+                    key: getattr(wanted, key)
+                    for key in ("address", "check_address", "max_concurrency", "token_hash")
+                    if getattr(wanted, key) != getattr(record, key)
+                }
+                if changes:
+                    self.fleet.update(runtime, **changes)
+        for record in stored.values():
+            if record.state is ServerState.TERMINATED:
+                continue
+            if record.origin == "static" or record.pool not in self.fleet.pools:
+                runtime = self.fleet.adopt(record)
+                self.fleet.transition(
+                    runtime, ServerState.TERMINATED, "no longer in the configuration", now=now
+                )
+                self.fleet.forget(runtime)
+            else:
+                self.fleet.adopt(record)
+
+    # -- the tick -----------------------------------------------------------------------------
+
+    def tick(self) -> Plan | None:
+        """Assess every server, then publish the plan if it changed or is due; returns it then."""
+        now = self.clock.monotonic()
+        wall = self.clock.time()
+        with self.store.batch():
+            self._feed_clusters(now, wall)
+            for pool in self.fleet.pools.values():
+                for server in pool.servers.values():
+                    self._assess(pool, server, now, wall)
+            for lifecycle in self.lifecycles.values():
+                lifecycle.tick(now, wall)
+            return self._publish(now, wall)
+
+    def _feed_clusters(self, now: float, wall: float) -> None:
+        """A cluster member's load is its live nodes' load: reported for it, as its agent would."""
+        self._cluster_seq += 1
+        for member_id, cluster_name in self.cluster_members.items():
+            server = self.fleet.servers.get(member_id)
+            controller = self.clusters[cluster_name]
+            if server is None:
+                continue
+            load = controller.load(now)
+            server.report = Report(
+                server_id=member_id,
+                seq=self._cluster_seq,
+                time=wall,
+                in_progress=load[0] if load else None,
+                max_concurrency=load[1] if load else None,
+                error=None if load else f"no node of cluster {cluster_name} is alive",
+            )
+            server.report_at = now
+        for name, controller in self.clusters.items():
+            logged = self._cluster_events_logged.get(name, float("-inf"))
+            for event in controller.events:
+                if event.at > logged:
+                    self.fleet.log(wall, "cluster", f"{name}: {event.what}: {event.why}")
+                    self._cluster_events_logged[name] = event.at
+
+    async def _run_clusters(self, stop: asyncio.Event) -> None:
+        """Cluster controllers decide every ``tick`` of theirs (tens of ms: failover speed)."""
+        interval = min(cluster.tick for cluster in self.config.clusters)
+        while not stop.is_set():
+            for controller in self.clusters.values():
+                try:
+                    await controller.tick()
+                except Exception:  # one bad tick must not stop failover for good; logged
+                    log.exception("cluster %s tick failed", controller.settings.name)
+            await _wait_any(stop, timeout=interval)
+
+    def _assess(self, pool: PoolRuntime, server: ServerRuntime, now: float, wall: float) -> None:
+        healthy, reason = health_of(
+            server,
+            now=now,
+            down_after=self.config.down_after,
+            started_at=self.started_at,
+            checked=pool.config.health_check is not None,
+        )
+        state = server.state
+        if healthy is True and state in (ServerState.WARMING, ServerState.DOWN):
+            self.fleet.transition(server, ServerState.ACTIVE, reason, now=wall)
+        elif healthy is False and state is ServerState.ACTIVE:
+            self.fleet.transition(server, ServerState.DOWN, reason, now=wall)
+        report = server.report
+        if report is not None and report.seq != server.folded_seq and server.report_at is not None:
+            utilization = report.utilization
+            if utilization is not None:
+                server.load = update_load(server.load, utilization, server.report_at, pool.policy)
+            server.folded_seq = report.seq
+        paused = server.load.paused if server.load is not None else False
+        if paused != server.paused and server.state is ServerState.ACTIVE:
+            assert server.load is not None
+            policy = pool.policy
+            if paused:
+                why = f"utilization {server.load.sample:.2f} > th_over {policy.th_over:g}"
+            else:
+                resume = policy.th_over - policy.hysteresis
+                why = f"utilization {server.load.utilization:.2f} < {resume:.2f}"
+            self.fleet.log(
+                wall, "paused" if paused else "resumed", why, pool=pool.name, server=server.id
+            )
+        server.paused = paused
+
+    def ready(self) -> bool:
+        """True once the manager publishes plans (after the start-up wait)."""
+        return self.plan is not None
+
+    def _startup_done(self, now: float) -> bool:
+        if now - self.started_at >= self.config.down_after:
+            return True
+        live = [s for s in self.fleet.servers.values() if s.state is not ServerState.TERMINATED]
+        return all(server.report_at is not None for server in live)
+
+    def _publish(self, now: float, wall: float) -> Plan | None:
+        if not self._startup_done(now):
+            return None
+        content = build_plan(
+            self.zones,
+            self.fleet.pools.values(),
+            version=0,
+            generated_at=None,
+            stale_after=None,
+            now=now,
+            down_after=self.config.down_after,
+        )
+        changed = content != self._content
+        due = self._published_at is None or now - self._published_at >= self.config.plan.refresh
+        if not changed and not due:
+            return None
+        if changed:
+            self.version += 1
+            self.store.set_meta("plan_version", str(self.version))
+        serial = self.version % 2**32
+        plan = dataclasses.replace(
+            content,
+            version=self.version,
+            generated_at=wall,
+            stale_after=self.config.plan.stale_after,
+            zones=tuple(
+                dataclasses.replace(zone, soa=dataclasses.replace(zone.soa, serial=serial))
+                for zone in content.zones
+            ),
+        )
+        try:
+            self.publisher.publish(plan)
+        except OSError as exc:
+            log.error(
+                "cannot publish plan v%d to %s: %s", plan.version, self.publisher.describe(), exc
+            )
+            return None
+        self._content = content
+        self._published_at = now
+        self.plan = plan
+        self._note_answers(plan, wall)
+        return plan
+
+    def _note_answers(self, plan: Plan, wall: float) -> None:
+        """Remember until when each server may be in resolvers' caches (drains wait for it)."""
+        for pool in plan.pools:
+            for member in pool.members:
+                if member.state in (MemberState.DRAINING, MemberState.DISABLED):
+                    continue
+                server = self.fleet.servers.get(member.id)
+                if server is None:
+                    continue
+                until = wall + max(member.ttl, pool.ttl_floor) + PROPAGATION
+                if server.answered_until is None or until > server.answered_until:
+                    server.answered_until = until
+
+    def answer_counts(self) -> dict[str, tuple[int, int]]:
+        """Per server id: (answers it came first in, answers it was in), summed over every pipe
+        backend that reported counts (read at most once a second)."""
+        now = self.clock.monotonic()
+        if self._answer_counts is not None and now - self._answer_counts[0] < 1.0:
+            return self._answer_counts[1]
+        totals: dict[str, tuple[int, int]] = {}
+        for document in self.publisher.read_stats():
+            pools = document.get("pools")
+            if not isinstance(pools, dict):
+                continue
+            for members in pools.values():
+                if not isinstance(members, dict):
+                    continue
+                for member, pair in members.items():
+                    if not (isinstance(pair, list) and len(pair) == 2):
+                        continue
+                    first, seen = totals.get(member, (0, 0))
+                    totals[member] = (first + int(pair[0]), seen + int(pair[1]))
+        self._answer_counts = (now, totals)
+        return totals
+
+    async def close(self) -> None:
+        """Stop background work and close the state database (what shutdown does)."""
+        for lifecycle in self.lifecycles.values():
+            await lifecycle.close()
+        self.store.close()
+
+    async def settle(self) -> None:
+        """Wait for the launches and terminations under way (tests)."""
+        for lifecycle in self.lifecycles.values():
+            await lifecycle.settle()
+
+    def _overload(self) -> None:
+        self._urgent.set()
+
+    # -- running ------------------------------------------------------------------------------
+
+    def http_app(self) -> ManagerApp:
+        return ManagerApp(self.ingest, ready=self.ready, api=self.api)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve and tick until ``stop`` is set; then shut down cleanly."""
+        http = self.config.http
+        sock = listen(http.address, http.port)
+        server = HttpServer.for_app(self.http_app())
+        serving = asyncio.create_task(server.serve(sockets=[sock]), name="http")
+        self.health.start()
+        clusters = (
+            asyncio.create_task(self._run_clusters(stop), name="clusters")
+            if self.clusters
+            else None
+        )
+        log.info(
+            "manager listening on %s:%d; plan %s; %d pools, %d servers",
+            http.address,
+            http.port,
+            self.publisher.describe(),
+            len(self.fleet.pools),
+            len(self.fleet.servers),
+        )
+        try:
+            last_tick = float("-inf")
+            while not stop.is_set():
+                self._urgent.clear()
+                self._safe_tick()
+                last_tick = self.clock.monotonic()
+                await _wait_any(stop, self._urgent, timeout=self.config.tick)
+                spacing = _URGENT_SPACING - (self.clock.monotonic() - last_tick)
+                if not stop.is_set() and spacing > 0:
+                    await asyncio.sleep(spacing)
+        finally:
+            server.should_exit = True
+            await self.health.stop()
+            if clusters is not None:
+                await clusters
+            for controller in self.clusters.values():
+                await controller.aclose()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+            sock.close()
+            await self.close()
+            log.info("manager stopped")
+
+    def _safe_tick(self) -> None:
+        started = time.perf_counter()
+        try:
+            self.tick()
+        except Exception:  # a bug in one tick must not stop the manager; it is logged
+            self.tick_errors += 1
+            log.exception("tick failed (%d so far); carrying on", self.tick_errors)
+        self.tick_seconds = time.perf_counter() - started
+
+
+async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
+    waiters = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+def _static_record(pool: PoolConfig, member: MemberConfig, now: float) -> ServerRecord:
+    return ServerRecord(
+        id=member.id,
+        pool=pool.name,
+        address=member.address,
+        check_address=member.check_address,
+        origin="static",
+        state=ServerState.WARMING,
+        state_reason="configured; waiting for a healthy report",
+        state_since=now,
+        created_at=now,
+        max_concurrency=member.max_concurrency,
+        token_hash=token_hash(member.token.reveal()) if member.token else None,
+    )

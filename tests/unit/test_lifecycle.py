@@ -1,0 +1,300 @@
+"""Server lifecycle on a fake clock with the in-memory provider: launch, warm up, drain, cost,
+reconcile after restarts and crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dnslb.clock import FakeClock
+from dnslb.model import ServerState
+from dnslb.plan import MemberState
+from manager.config import load_manager_config
+from manager.lifecycle import server_cost
+from manager.providers.base import LaunchRequest
+from manager.providers.memory import MemoryProvider
+from manager.service import Manager
+
+CONFIG = """
+zones: [{name: example.test, ns: [ns1.example.test]}]
+down_after: 3
+plan: {refresh: 5, stale_after: 30}
+pools:
+  - name: www
+    zone: example.test
+    policy: {k: 4, ttl_max: 20, ttl_min: 5, slow_start: 0, smoothing: 0}
+    provider: {type: memory, boot_time: 5}
+    scaling:
+      {min_servers: 1, max_servers: 4, th_high: 0.7, th_low: 0.3, window: 5,
+       scale_in_window: 20, boot_time: 5, max_step: 2, server_capacity: 100}
+    lifecycle: {warming_timeout: 30, drain_timeout: 60, describe_interval: 1,
+                reconcile_interval: 1000, max_failed_launches: 2, launch_backoff: 100}
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_cloud() -> None:
+    MemoryProvider.accounts.clear()
+
+
+class Lab:
+    def __init__(self, tmp_path: Path, config: str = CONFIG) -> None:
+        self.path = tmp_path / "manager.yaml"
+        self.path.write_text(config)
+        self.clock = FakeClock()
+        self.seq = 1000
+        self.manager = Manager(load_manager_config(self.path), clock=self.clock)
+
+    @property
+    def provider(self) -> MemoryProvider:
+        provider = self.manager.lifecycles["www"].provider
+        assert isinstance(provider, MemoryProvider)
+        return provider
+
+    async def restart(self) -> None:
+        """The manager process ends (its tasks with it) and a new one starts."""
+        await self.manager.close()
+        self.manager = Manager(load_manager_config(self.path), clock=self.clock)
+
+    def servers(self, *states: ServerState) -> list[str]:
+        return sorted(
+            s.id for s in self.manager.fleet.servers.values() if not states or s.state in states
+        )
+
+    def report(self, in_progress: int, served: int | None = None, draining: int = 0) -> None:
+        """Every running server's agent reports ``in_progress`` of 100 (``draining`` for the
+        draining ones: their clients are leaving)."""
+        self.seq += 1
+        tokens = self.provider.agent_tokens
+        for server in self.manager.fleet.servers.values():
+            if server.state not in (ServerState.WARMING, ServerState.ACTIVE, ServerState.DRAINING):
+                continue
+            if server.id not in tokens:
+                continue  # its machine is gone: nothing reports for it
+            body: dict[str, Any] = {
+                "server_id": server.id,
+                "seq": self.seq,
+                "time": self.clock.time(),
+                "in_progress": draining if server.state is ServerState.DRAINING else in_progress,
+                "max_concurrency": 100,
+            }
+            if served is not None:
+                body["served_total"] = served
+            self.manager.ingest.accept(tokens[server.id], json.dumps(body).encode())
+
+    async def run(
+        self,
+        seconds: int,
+        load: Callable[[float], int] | int,
+        served: bool = False,
+        draining: int = 0,
+    ) -> None:
+        for second in range(seconds):
+            value = load(self.clock.now) if callable(load) else load
+            self.report(value, served=second * 10 if served else None, draining=draining)
+            self.clock.advance(1)
+            self.manager.tick()
+            await self.manager.settle()
+
+    def events(self, kind: str) -> list[str]:
+        return [
+            f"{e.server}: {e.reason}"
+            for e in reversed(self.manager.store.events(kinds=[kind], limit=500))
+        ]
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(test())
+
+
+def test_min_servers_are_launched_and_become_active(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path)
+        await lab.run(1, 0)
+        [server] = lab.servers()
+        assert lab.manager.fleet.servers[server].state is ServerState.LAUNCHING  # boots 5 s
+        assert "min_servers is 1" in lab.events("server_added")[0]
+        await lab.run(5, 0)  # boots in 5 s
+        assert lab.manager.fleet.servers[server].state in (ServerState.WARMING, ServerState.ACTIVE)
+        await lab.run(2, 10)
+        assert lab.servers(ServerState.ACTIVE) == [server]
+        plan = lab.manager.plan
+        assert plan is not None
+        assert [m.id for m in plan.pools[0].members if m.state is MemberState.ACTIVE] == [server]
+        states = [e for e in lab.events("state") if e.startswith(server)]
+        assert any("launching -> warming: running at 10.99.0." in e for e in states)
+        assert any("warming -> active" in e for e in states)
+
+    run(scenario)
+
+
+def test_scale_out_under_load_and_in_when_it_drops(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path)
+        await lab.run(10, 10)
+        assert len(lab.servers(ServerState.ACTIVE)) == 1
+        await lab.run(30, 95)  # one server at 0.95: launch
+        assert len(lab.servers(ServerState.ACTIVE)) >= 2
+        launched = lab.events("server_added")
+        assert any("mean utilization" in e for e in launched)
+        peak = len(lab.servers(ServerState.ACTIVE))
+        await lab.run(200, 2)
+        assert len(lab.servers(ServerState.ACTIVE)) < peak
+        drained = [e for e in lab.events("state") if "active -> draining: scale in" in e]
+        terminated = [e for e in lab.events("state") if "draining -> terminated: drained" in e]
+        assert drained and len(terminated) == len(drained)
+        assert all(f"terminate {r}" for r in lab.provider.calls if r.startswith("terminate"))
+
+    run(scenario)
+
+
+def test_a_draining_server_waits_for_ttls_and_requests(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("min_servers: 1", "min_servers: 2"))
+        await lab.run(10, 10)
+        lifecycle = lab.manager.lifecycles["www"]
+        victim = lab.manager.fleet.servers[lab.servers(ServerState.ACTIVE)[0]]
+        ref = victim.record.provider_ref
+        lifecycle.drain(victim, "test drain", lab.clock.time())
+        answered_until = victim.record.data["answered_until"]
+        assert answered_until > lab.clock.time()  # TTL 20 s handed out just now
+        drain_started = lab.clock.time()
+        await lab.run(5, 10, draining=10)  # still requests in progress, TTLs not expired
+        assert victim.state is ServerState.DRAINING
+        plan = lab.manager.plan
+        assert plan is not None
+        assert {m.id: m.state for m in plan.pools[0].members}[victim.id] is MemberState.DRAINING
+        while lab.clock.time() < answered_until + 2:
+            await lab.run(1, 3, draining=3)  # TTLs expire, but 3 requests still in progress
+        assert victim.state is ServerState.DRAINING
+        await lab.run(2, 0)
+        assert victim.state is ServerState.TERMINATED
+        assert f"terminate {ref}" in lab.provider.calls
+        waited = victim.record.terminated_at - drain_started  # type: ignore[operator]
+        assert waited >= answered_until - drain_started
+
+    run(scenario)
+
+
+def test_a_drain_times_out(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("drain_timeout: 60", "drain_timeout: 25"))
+        await lab.run(8, 10)
+        victim = lab.manager.fleet.servers[lab.servers(ServerState.ACTIVE)[0]]
+        lab.manager.lifecycles["www"].drain(victim, "test drain", lab.clock.time())
+        await lab.run(30, 50, draining=50)  # requests never reach 0
+        assert victim.state is ServerState.TERMINATED
+        assert "drain timeout after" in victim.record.state_reason
+
+    run(scenario)
+
+
+def test_failed_launches_are_events_and_pause_launching(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("boot_time: 5}", "boot_time: 5, fail_launches: 5}"))
+        await lab.run(5, 0)
+        failures = lab.events("launch_failed")
+        assert len(failures) == 2
+        assert "memory provider told to fail" in failures[0]
+        assert lab.events("scaling_paused")
+        assert lab.servers(ServerState.LAUNCHING, ServerState.WARMING, ServerState.ACTIVE) == []
+
+    run(scenario)
+
+
+def test_a_server_that_never_reports_is_replaced(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path)
+        await lab.run(1, 0)
+        [first] = lab.servers()
+        for _ in range(40):  # it boots but its agent never reports
+            lab.clock.advance(1)
+            lab.manager.tick()
+            await lab.manager.settle()
+        assert any(
+            e.startswith(f"{first}: no healthy report within 30 s")
+            for e in lab.events("launch_failed")
+        )
+        assert first not in lab.manager.fleet.servers
+        assert len(lab.servers(ServerState.LAUNCHING, ServerState.WARMING)) == 1  # a replacement
+
+    run(scenario)
+
+
+def test_cost_is_server_seconds_and_requests_served(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path)
+        started = lab.clock.time()
+        await lab.run(20, 10, served=True)
+        [server] = lab.servers(ServerState.ACTIVE)
+        runtime = lab.manager.fleet.servers[server]
+        assert server_cost(runtime.record, lab.clock.time()) == pytest.approx(
+            lab.clock.time() - started - 1, abs=1.5
+        )
+        assert runtime.served > 100  # the agent's counter rose by 10 per second
+
+    run(scenario)
+
+
+def test_restart_resumes_a_cut_launch_and_forgets_a_vanished_one(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path)
+        await lab.run(1, 0)
+        [booting] = lab.servers(ServerState.LAUNCHING)
+        # The manager dies while the server boots; meanwhile someone deletes nothing.
+        await lab.restart()
+        await lab.run(8, 0)
+        assert lab.manager.fleet.servers[booting].state in (ServerState.WARMING, ServerState.ACTIVE)
+        # Now the instance vanishes behind the manager's back, and it restarts again.
+        lab.provider.machines.clear()
+        await lab.restart()
+        await lab.run(1, 0)
+        assert any(
+            e.startswith(f"{booting}:") and "its instance no longer exists" in e
+            for e in lab.events("state")
+        )
+
+    run(scenario)
+
+
+def test_reconcile_terminates_unknown_instances_and_recovers_unrecorded_launches(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path)
+        await lab.run(8, 10)
+        # An instance of this pool that the state does not know (say, from a crashed manager
+        # whose database was lost), and a recorded launch whose provider call never happened.
+        stray = await lab.provider.launch(
+            LaunchRequest(server_id="www-stray", pool="www", agent_token="t", manager_url="")
+        )
+        lifecycle = lab.manager.lifecycles["www"]
+        await lifecycle.reconcile()
+        await lab.manager.settle()
+        assert stray.ref not in lab.provider.machines
+        assert any(f"terminating {stray.ref}" in e for e in lab.events("unknown_instance"))
+
+    run(scenario)
+
+
+def test_reconcile_can_adopt_unknown_instances(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(
+            tmp_path,
+            CONFIG.replace("launch_backoff: 100}", "launch_backoff: 100, adopt_unknown: true}"),
+        )
+        await lab.run(8, 10)
+        stray = await lab.provider.launch(
+            LaunchRequest(server_id="www-stray", pool="www", agent_token="t", manager_url="")
+        )
+        lab.clock.advance(10)
+        await lab.manager.lifecycles["www"].reconcile()
+        assert lab.manager.fleet.servers["www-stray"].state is ServerState.WARMING
+        assert stray.ref in lab.provider.machines
+
+    run(scenario)

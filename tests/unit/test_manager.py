@@ -1,0 +1,376 @@
+"""The manager's logic driven by a fake clock: reports in, states and events, plans out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dnslb.clock import FakeClock
+from dnslb.errors import ConfigError
+from dnslb.model import ServerState
+from dnslb.plan import MemberState, Plan
+from manager.config import load_manager_config
+from manager.ingest import Rejected
+from manager.service import Manager
+
+CONFIG = """
+zones:
+  - name: example.test
+    ns: [ns1.example.test]
+    records:
+      - {name: ns1, type: A, content: 127.0.0.1}
+auth:
+  agent_token: env:DNSLB_TEST_AGENT_TOKEN
+plan:
+  stale_after: 30
+  refresh: 5
+down_after: 3
+pools:
+  - name: www
+    zone: example.test
+    policy:
+      {k: 2, th_over: 0.8, hysteresis: 0.1, ttl_max: 60, ttl_min: 5, slow_start: 0, smoothing: 0}
+    members:
+      - {id: s1, address: 10.0.0.1}
+      - {id: s2, address: 10.0.0.2}
+      - {id: s3, address: 10.0.0.3, token: env:DNSLB_TEST_S3_TOKEN}
+"""
+
+TOKEN = "agent-secret"
+S3_TOKEN = "s3-own-secret"
+
+
+@pytest.fixture(autouse=True)
+def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DNSLB_TEST_AGENT_TOKEN", TOKEN)
+    monkeypatch.setenv("DNSLB_TEST_S3_TOKEN", S3_TOKEN)
+
+
+class Lab:
+    """A manager on a fake clock, and agents that report to it in process."""
+
+    def __init__(self, tmp_path: Path, config: str = CONFIG) -> None:
+        self.tmp_path = tmp_path
+        self.config_path = tmp_path / "manager.yaml"
+        self.config_path.write_text(config)
+        self.clock = FakeClock()
+        self.seq: dict[str, int] = {}
+        self.manager = self.start()
+
+    def start(self) -> Manager:
+        return Manager(load_manager_config(self.config_path), clock=self.clock)
+
+    def restart(self) -> Manager:
+        self.manager.store.close()
+        self.manager = self.start()
+        return self.manager
+
+    def report(
+        self, server: str, in_progress: int | None, max_concurrency: int = 100, **extra: Any
+    ) -> None:
+        self.seq[server] = self.seq.get(server, 1000) + 1
+        body = {
+            "server_id": server,
+            "seq": self.seq[server],
+            "time": self.clock.time(),
+            "in_progress": in_progress,
+            "max_concurrency": max_concurrency,
+            **extra,
+        }
+        token = S3_TOKEN if server == "s3" else TOKEN
+        self.manager.ingest.accept(token, json.dumps(body).encode())
+
+    def report_all(self, in_progress: int = 10) -> None:
+        for server in ("s1", "s2", "s3"):
+            self.report(server, in_progress)
+
+    def step(self, seconds: float = 1.0) -> Plan | None:
+        self.clock.advance(seconds)
+        return self.manager.tick()
+
+    def members(self) -> dict[str, tuple[MemberState, float, int]]:
+        plan = self.manager.plan
+        assert plan is not None
+        return {m.id: (m.state, m.weight, m.ttl) for m in plan.pools[0].members}
+
+    def state(self, server: str) -> ServerState:
+        return self.manager.fleet.servers[server].state
+
+    def events(self, kind: str | None = None) -> list[str]:
+        events = self.manager.store.events(kinds=[kind] if kind else None, limit=1000)
+        return [f"{e.server}: {e.reason}" for e in reversed(events)]
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Lab:
+    return Lab(tmp_path)
+
+
+def test_static_members_wait_for_a_healthy_report(lab: Lab) -> None:
+    assert lab.step() is None  # nothing has reported: nothing published yet
+    assert {lab.state(s) for s in ("s1", "s2", "s3")} == {ServerState.WARMING}
+    lab.report_all(10)
+    plan = lab.step()
+    assert plan is not None
+    assert lab.state("s1") is ServerState.ACTIVE
+    assert lab.members() == {
+        "s1": (MemberState.ACTIVE, 90.0, 60),
+        "s2": (MemberState.ACTIVE, 90.0, 60),
+        "s3": (MemberState.ACTIVE, 90.0, 60),
+    }
+    assert plan.pools[0].name == "www.example.test"
+    assert plan.zones[0].soa.serial == plan.version
+    assert "s1: warming -> active: reporting" in lab.events("state")
+    written = json.loads((lab.tmp_path / "plan.json").read_text())
+    assert written["version"] == plan.version
+
+
+def test_without_reports_the_first_plan_waits_for_down_after(lab: Lab) -> None:
+    lab.report("s1", 5)
+    assert lab.step(1.0) is None  # s2 and s3 have not reported yet
+    lab.report("s1", 5)
+    plan = lab.step(2.5)  # down_after (3 s) since start has passed
+    assert plan is not None
+    assert lab.members() == {"s1": (MemberState.ACTIVE, 95.0, 60)}  # s2, s3 still warming
+
+
+def test_overload_pauses_a_server_and_it_comes_back(lab: Lab) -> None:
+    lab.report_all(10)
+    lab.step()
+    lab.report("s2", 90)  # above th_over 0.8
+    lab.step()
+    assert lab.members()["s2"][0] is MemberState.PAUSED
+    assert "s2: utilization 0.90 > th_over 0.8" in lab.events("paused")
+    lab.report("s2", 75)  # inside the hysteresis band: stays paused
+    lab.step()
+    assert lab.members()["s2"][0] is MemberState.PAUSED
+    lab.report("s2", 60)
+    lab.step()
+    assert lab.members()["s2"][0] is MemberState.ACTIVE
+    assert lab.events("resumed") == ["s2: utilization 0.60 < 0.70"]
+
+
+def test_ttl_shortens_and_weight_falls_as_load_rises(lab: Lab) -> None:
+    lab.report_all(10)
+    lab.step()
+    seen = []
+    for in_progress in (20, 50, 60, 70, 79):
+        lab.report("s1", in_progress)
+        lab.step()
+        _, weight, ttl = lab.members()["s1"]
+        seen.append((weight, ttl))
+    weights = [w for w, _ in seen]
+    ttls = [t for _, t in seen]
+    assert weights == sorted(weights, reverse=True)
+    assert ttls == sorted(ttls, reverse=True)
+    assert ttls[0] == 60 and ttls[-1] < 10
+
+
+def test_a_silent_agent_takes_its_server_down_and_back(lab: Lab) -> None:
+    lab.report_all(10)
+    lab.step()
+    for _ in range(3):  # s1 and s2 keep reporting, s3 is silent
+        lab.report("s1", 10)
+        lab.report("s2", 10)
+        lab.step(1.1)
+    assert lab.state("s3") is ServerState.DOWN
+    assert lab.members()["s3"][0] is MemberState.DOWN
+    assert any(e.startswith("s3: active -> down: no report for") for e in lab.events("state"))
+    lab.report("s3", 10)
+    lab.step()
+    assert lab.state("s3") is ServerState.ACTIVE
+
+
+def test_a_broken_source_takes_the_server_down(lab: Lab) -> None:
+    lab.report_all(10)
+    lab.step()
+    lab.report("s1", None, error="nginx: connection refused")
+    lab.step()
+    assert lab.state("s1") is ServerState.DOWN
+    assert "s1: active -> down: agent reports: nginx: connection refused" in lab.events("state")
+
+
+@pytest.mark.parametrize(
+    ("token", "body", "status", "reason"),
+    [
+        pytest.param(None, {"server_id": "s1"}, 401, "bad_token", id="no-token"),
+        pytest.param("wrong", {}, 401, "bad_token", id="wrong-token-unknown-server"),
+        pytest.param(TOKEN, "not json", 400, "malformed", id="not-json"),
+        pytest.param(TOKEN, {"server_id": "s1", "seq": -1}, 422, "invalid", id="invalid"),
+        pytest.param(TOKEN, {"server_id": "nope"}, 404, "unknown_server", id="unknown"),
+        pytest.param("wrong", {"server_id": "s1"}, 401, "bad_token", id="wrong-token"),
+        pytest.param(TOKEN, {"server_id": "s3"}, 401, "bad_token", id="s3-needs-its-own"),
+        pytest.param(TOKEN, {"server_id": "s1", "seq": 5}, 409, "stale_seq", id="stale-seq"),
+        pytest.param(TOKEN, {"in_progress": -3}, 422, "invalid", id="negative-in-progress"),
+        pytest.param(TOKEN, {"max_concurrency": 0}, 422, "invalid", id="zero-capacity"),
+    ],
+)
+def test_bad_reports_are_rejected_and_counted(
+    lab: Lab, token: str | None, body: Any, status: int, reason: str
+) -> None:
+    lab.report("s1", 10)  # seq 1001 is now the newest for s1
+    good = {"server_id": "s1", "seq": 2000, "time": 1.0, "in_progress": 1, "max_concurrency": 10}
+    raw = body.encode() if isinstance(body, str) else json.dumps({**good, **body}).encode()
+    with pytest.raises(Rejected) as caught:
+        lab.manager.ingest.accept(token, raw)
+    assert (caught.value.status, caught.value.reason) == (status, reason)
+    assert lab.manager.ingest.counts[reason] == 1
+    assert lab.manager.fleet.servers["s1"].report.seq == 1001  # type: ignore[union-attr]
+
+
+def test_restart_keeps_state_and_waits_for_fresh_reports(lab: Lab) -> None:
+    lab.report_all(10)
+    first = lab.step()
+    assert first is not None
+    manager = lab.restart()
+    assert lab.state("s1") is ServerState.ACTIVE  # continued from the store
+    assert manager.version == first.version
+    assert lab.step(0.5) is None  # nobody has reported since the restart
+    lab.report("s1", 10)
+    lab.report("s2", 10)
+    assert lab.step(0.5) is None  # s3 still has not
+    plan = lab.step(2.5)
+    assert plan is not None and plan.version == first.version + 1
+    members = lab.members()
+    assert members["s1"][0] is MemberState.ACTIVE
+    assert members["s3"][0] is not MemberState.ACTIVE  # never answered on old news
+
+
+def test_unchanged_plans_are_republished_to_refresh_their_age(lab: Lab) -> None:
+    lab.report_all(10)
+    first = lab.step()
+    assert first is not None
+    assert lab.step(1.0) is None  # same contents, not due yet (refresh 5 s)
+    lab.report_all(10)
+    lab.step(2.0)
+    lab.report_all(10)
+    again = lab.step(3.0)
+    assert again is not None
+    assert again.version == first.version  # same contents, same version
+    assert again.generated_at is not None and first.generated_at is not None
+    assert again.generated_at > first.generated_at
+
+
+def test_a_member_removed_from_the_config_is_terminated(lab: Lab, tmp_path: Path) -> None:
+    lab.report_all(10)
+    lab.step()
+    lab.config_path.write_text(CONFIG.replace("      - {id: s2, address: 10.0.0.2}\n", ""))
+    manager = lab.restart()
+    assert "s2" not in manager.fleet.servers
+    assert "s2: active -> terminated: no longer in the configuration" in lab.events("state")
+
+
+def test_a_failing_tick_is_logged_and_the_manager_goes_on(
+    lab: Lab, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> Plan | None:
+        raise RuntimeError("boom")
+
+    lab.manager.tick = broken  # type: ignore[method-assign]
+    lab.manager._safe_tick()
+    assert lab.manager.tick_errors == 1
+    assert "tick failed" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("replace", "problem"),
+    [
+        ("zone: example.test\n    policy", "zone: example.org\n    policy"),
+        ("{id: s2, address: 10.0.0.2}", "{id: s1, address: 10.0.0.2}"),
+        ("address: 10.0.0.1}", "address: ten}"),
+        ("down_after: 3", "down_after: three"),
+        ("content: 127.0.0.1}", "content: 127.0.0.1, tll: 5}"),
+    ],
+)
+def test_config_problems_are_reported_with_lines(
+    tmp_path: Path, replace: str, problem: str
+) -> None:
+    path = tmp_path / "manager.yaml"
+    path.write_text(CONFIG.replace(replace, problem))
+    with pytest.raises(ConfigError) as caught:
+        load_manager_config(path)
+    assert all(", line " in p for p in caught.value.problems), caught.value.problems
+
+
+def test_bad_zone_records_are_refused_at_start(tmp_path: Path) -> None:
+    lab_config = CONFIG.replace(
+        "{name: ns1, type: A, content: 127.0.0.1}", "{name: ns1, type: A, content: nowhere}"
+    )
+    with pytest.raises(ConfigError, match=r"zones\[0\]\.records\[0\]\.content"):
+        Lab(tmp_path, lab_config)
+
+
+CLUSTER_CONFIG = """
+zones: [{name: example.test, ns: [ns1.example.test]}]
+auth: {agent_token: env:DNSLB_TEST_AGENT_TOKEN}
+down_after: 3
+clusters:
+  - name: vip-1
+    vip: 10.9.0.1
+    seed: 4242
+    failover_after: 0.3
+    nodes:
+      - {id: n1, agent_url: "http://127.0.0.1:1", token: env:DNSLB_TEST_NODE_TOKEN}
+      - {id: n2, agent_url: "http://127.0.0.1:2", token: env:DNSLB_TEST_NODE_TOKEN}
+pools:
+  - name: www
+    zone: example.test
+    policy: {slow_start: 0, smoothing: 0}
+    members:
+      - {id: s1, address: 10.0.0.1}
+      - {id: vip-1, address: 10.9.0.1, cluster: vip-1}
+"""
+
+
+def test_a_cluster_member_carries_its_nodes_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node_token = "node-secret-0123456789abcdef"
+    monkeypatch.setenv("DNSLB_TEST_NODE_TOKEN", node_token)
+    lab = Lab(tmp_path, CLUSTER_CONFIG)
+
+    def heartbeat(node: str, in_progress: int, token: str = node_token) -> None:
+        lab.seq[node] = lab.seq.get(node, 0) + 1
+        body = {
+            "server_id": node,
+            "seq": lab.seq[node],
+            "time": lab.clock.time(),
+            "in_progress": in_progress,
+            "max_concurrency": 100,
+            "table": {"cluster": "vip-1", "version": 0},
+        }
+        lab.manager.ingest.accept(token, json.dumps(body).encode())
+
+    for _ in range(3):
+        lab.report("s1", 10)
+        heartbeat("n1", 30)
+        heartbeat("n2", 50)
+        lab.step(0.1)
+    members = {m.id: m for m in lab.manager.plan.pools[0].members}  # type: ignore[union-attr]
+    assert members["vip-1"].state is MemberState.ACTIVE
+    assert members["vip-1"].utilization == pytest.approx(0.4)  # 80 of 200 over both nodes
+    with pytest.raises(Rejected) as caught:
+        heartbeat("n1", 10, token=TOKEN)  # the agent token is not a node's token
+    assert caught.value.status == 401
+    lab.report("s1", 10)
+    lab.step(1.0)  # the nodes fall silent: no node alive, so the member is down
+    assert lab.state("vip-1") is ServerState.DOWN
+    assert (
+        "no node of cluster vip-1 is alive"
+        in lab.manager.fleet.servers["vip-1"].record.state_reason
+    )
+
+
+def test_cluster_config_mistakes_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DNSLB_TEST_NODE_TOKEN", "x" * 32)
+    path = tmp_path / "manager.yaml"
+    path.write_text(
+        CLUSTER_CONFIG.replace("address: 10.9.0.1, cluster", "address: 10.9.0.2, cluster")
+    )
+    with pytest.raises(ConfigError, match=r"but cluster .vip-1. has vip 10\.9\.0\.1"):
+        load_manager_config(path)

@@ -1,0 +1,134 @@
+"""The load policy, table-driven: smoothing, pause with hysteresis, weights, slow start, TTLs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dnslb.config import parse_config
+from dnslb.errors import ConfigError
+from dnslb.policy import (
+    PoolPolicy,
+    ServerLoad,
+    is_paused,
+    member_ttl,
+    member_weight,
+    smooth,
+    update_load,
+)
+
+POLICY = PoolPolicy(th_over=0.8, hysteresis=0.1, ttl_max=60, ttl_min=5, ttl_knee=0.5)
+
+
+@pytest.mark.parametrize(
+    ("previous", "sample", "elapsed", "tau", "expected"),
+    [
+        pytest.param(0.0, 1.0, 1.0, 0.0, 1.0, id="no-smoothing"),
+        pytest.param(0.0, 1.0, 1.0, 1.0, 1 - 0.36787944117, id="one-time-constant"),
+        pytest.param(0.5, 0.5, 3.0, 2.0, 0.5, id="steady"),
+        pytest.param(0.2, 1.0, 0.0, 1.0, 0.2, id="no-time-passed"),
+        pytest.param(0.0, 1.0, 100.0, 1.0, 1.0, id="long-ago"),
+    ],
+)
+def test_smooth(
+    previous: float, sample: float, elapsed: float, tau: float, expected: float
+) -> None:
+    assert smooth(previous, sample, elapsed, tau) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("was_paused", "utilization", "paused"),
+    [
+        pytest.param(False, 0.79, False, id="below"),
+        pytest.param(False, 0.80, False, id="at-threshold"),
+        pytest.param(False, 0.81, True, id="above"),
+        pytest.param(True, 0.75, True, id="inside-hysteresis-stays"),
+        pytest.param(True, 0.70, True, id="at-resume-line-stays"),
+        pytest.param(True, 0.69, False, id="below-resume-line"),
+    ],
+)
+def test_pause_with_hysteresis(was_paused: bool, utilization: float, paused: bool) -> None:
+    assert is_paused(was_paused, utilization, POLICY) is paused
+
+
+def test_overload_pauses_at_once_and_recovery_waits_for_the_average() -> None:
+    policy = dataclasses.replace(POLICY, smoothing=2.0)
+    load = update_load(None, 0.3, at=0.0, policy=policy)
+    assert not load.paused
+    load = update_load(load, 0.95, at=1.0, policy=policy)  # the sample alone pauses it
+    assert load.paused
+    assert load.utilization < 0.8
+    for second in range(2, 7):
+        load = update_load(load, 0.95, at=float(second), policy=policy)
+    load = update_load(load, 0.60, at=7.0, policy=policy)  # sample low, average still high
+    assert load.paused
+    steps = 0
+    while load.paused and steps < 20:
+        steps += 1
+        load = update_load(load, 0.60, at=7.0 + steps, policy=policy)
+    assert not load.paused
+    assert load.utilization < 0.7
+    assert steps >= 2  # came back carefully, not on the first low sample
+
+
+@pytest.mark.parametrize(
+    ("utilization", "ttl"),
+    [
+        pytest.param(0.0, 60, id="idle"),
+        pytest.param(0.40, 60, id="at-knee"),
+        pytest.param(0.70, 19, id="three-quarters"),  # 60 - 0.75 * 55 = 18.75
+        pytest.param(0.80, 5, id="at-th-over"),
+        pytest.param(1.50, 5, id="overloaded"),
+    ],
+)
+def test_ttl_falls_from_max_to_min_as_load_rises(utilization: float, ttl: int) -> None:
+    assert member_ttl(utilization, POLICY) == ttl
+
+
+def test_ttl_never_rises_with_load() -> None:
+    for name in ("linear", "convex"):
+        policy = dataclasses.replace(POLICY, ttl_function=name)
+        ttls = [member_ttl(u / 100, policy) for u in range(0, 120)]
+        assert ttls == sorted(ttls, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("utilization", "serving_for", "weight"),
+    [
+        pytest.param(0.0, 100.0, 100.0, id="idle"),
+        pytest.param(0.25, 100.0, 75.0, id="spare-capacity"),
+        pytest.param(1.2, 100.0, 5.0, id="overloaded-keeps-the-floor"),
+        pytest.param(0.0, 15.0, 50.0, id="half-way-through-slow-start"),
+        pytest.param(0.0, 0.0, 5.0, id="just-started"),
+    ],
+)
+def test_weight_is_spare_capacity_ramped_by_slow_start(
+    utilization: float, serving_for: float, weight: float
+) -> None:
+    assert member_weight(utilization, 100, serving_for, POLICY) == pytest.approx(weight)
+
+
+def test_spare_squared_favours_idle_servers_more() -> None:
+    policy = dataclasses.replace(POLICY, weight_function="spare_squared")
+    assert member_weight(0.5, 100, 100.0, policy) == pytest.approx(25.0)
+
+
+def test_server_load_is_immutable() -> None:
+    load = ServerLoad(utilization=0.1, sample=0.1, paused=False, at=0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        load.paused = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("ttl_min: 90", "ttl_min (90) must not exceed ttl_max (60)"),
+        ("hysteresis: 0.9", "hysteresis (0.9) must be below th_over (0.8)"),
+        ("ttl_function: cubic", "ttl_function must be one of linear, convex"),
+        ("th_over: 0", "th_over: must be at least 0.01"),
+    ],
+)
+def test_policy_config_rules(text: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(text, PoolPolicy)

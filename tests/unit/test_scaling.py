@@ -1,0 +1,224 @@
+"""The autoscaler on a fake timeline: scale out, warm-up counting, scale in, limits, no flapping."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+
+import pytest
+
+from dnslb.config import parse_config
+from dnslb.errors import ConfigError
+from dnslb.scaling import (
+    Decision,
+    ScalingHistory,
+    ScalingPolicy,
+    ServerLoadView,
+    decide,
+    record,
+    sample_pool,
+)
+
+POLICY = ScalingPolicy(
+    min_servers=1,
+    max_servers=6,
+    th_high=0.7,
+    th_low=0.3,
+    window=10.0,
+    scale_in_window=60.0,
+    boot_time=30.0,
+    max_step=3,
+)
+
+
+class Pool:
+    """A pool of servers of capacity 100 whose demand the test sets, and the autoscaler on it.
+
+    Launched servers boot for ``boot`` seconds, then become active; drained ones leave at once.
+    Demand is spread evenly over the active servers.
+    """
+
+    def __init__(
+        self, servers: int = 2, policy: ScalingPolicy = POLICY, boot: float = 30.0
+    ) -> None:
+        self.policy = policy
+        self.boot = boot
+        self.now = 0.0
+        self.history = ScalingHistory()
+        self.servers: dict[str, tuple[bool, float]] = {}  # id -> (active, started_at)
+        self.booting: dict[str, float] = {}  # id -> ready_at
+        self.decisions: list[tuple[float, Decision]] = []
+        self._next = 0
+        for _ in range(servers):
+            self._add(active=True)
+
+    def _add(self, *, active: bool) -> str:
+        self._next += 1
+        server_id = f"s{self._next}"
+        self.servers[server_id] = (active, self.now)
+        if not active:
+            self.booting[server_id] = self.now + self.boot
+        return server_id
+
+    def run(self, seconds: float, demand: Callable[[float], float]) -> None:
+        end = self.now + seconds
+        while self.now < end:
+            self.now += 1.0
+            for server_id, ready_at in list(self.booting.items()):
+                if self.now >= ready_at:
+                    self.servers[server_id] = (True, self.servers[server_id][1])
+                    del self.booting[server_id]
+            active = [s for s, (a, _) in self.servers.items() if a]
+            load = demand(self.now)
+            views = [
+                ServerLoadView(
+                    id=server_id,
+                    active=is_active,
+                    in_progress=round(load / len(active)) if is_active and active else 0,
+                    max_concurrency=100,
+                    started_at=started_at,
+                )
+                for server_id, (is_active, started_at) in self.servers.items()
+            ]
+            self.history.add(sample_pool(views, self.now), keep=self.policy.scale_in_window)
+            decision = decide(self.history, views, self.policy, self.now)
+            if decision.launch or decision.drain:
+                self.decisions.append((self.now, decision))
+                record(self.history, decision, self.now)
+            for _ in range(decision.launch):
+                self._add(active=False)
+            if decision.drain:
+                del self.servers[decision.drain]
+
+    @property
+    def size(self) -> int:
+        return len(self.servers)
+
+    def launches(self) -> int:
+        return sum(d.launch for _, d in self.decisions)
+
+    def drains(self) -> list[str]:
+        return [d.drain for _, d in self.decisions if d.drain]
+
+
+def test_steady_load_in_the_band_does_nothing() -> None:
+    pool = Pool(servers=2)
+    pool.run(600, lambda t: 100)  # utilization 0.5
+    assert pool.decisions == []
+
+
+def test_scale_out_after_the_window_and_counting_booting_servers() -> None:
+    pool = Pool(servers=2)
+    pool.run(5, lambda t: 180)  # utilization 0.9, but the window is not full yet
+    assert pool.decisions == []
+    pool.run(10, lambda t: 180)
+    assert pool.launches() == 1  # 180 / 300 = 0.6 <= 0.7: one server is enough
+    first_at = pool.decisions[0][0]
+    pool.run(20, lambda t: 180)  # still booting: it counts as capacity, so no second launch
+    assert pool.launches() == 1
+    assert "mean utilization 0.90" in pool.decisions[0][1].reason
+    assert first_at == pytest.approx(10.0, abs=1.0)
+
+
+def test_a_steep_rise_launches_several_at_once() -> None:
+    pool = Pool(servers=2)
+    pool.run(12, lambda t: 100 + 10 * t)  # rising by 10 requests per second
+    launched = pool.decisions[0][1]
+    # By the time new servers boot (30 s) demand will be ~500 more: several are needed.
+    assert launched.launch >= 3
+    assert launched.launch <= POLICY.max_step
+    assert "expected in 30 s" in launched.reason
+
+
+def test_scale_out_never_exceeds_max_servers() -> None:
+    pool = Pool(servers=5, boot=5)
+    pool.run(300, lambda t: 2000)  # far beyond any capacity
+    assert pool.size == POLICY.max_servers
+
+
+def test_min_servers_is_restored() -> None:
+    policy = dataclasses.replace(POLICY, min_servers=3)
+    pool = Pool(servers=1, policy=policy)
+    pool.run(1, lambda t: 10)
+    assert pool.launches() == 2
+    assert "min_servers is 3" in pool.decisions[0][1].reason
+
+
+def test_scale_in_waits_for_the_long_window_and_goes_one_at_a_time() -> None:
+    pool = Pool(servers=4)
+    pool.run(50, lambda t: 40)  # utilization 0.1, but not yet for (90 % of) 60 s
+    assert pool.drains() == []
+    pool.run(250, lambda t: 40)
+    times = [t for t, d in pool.decisions if d.drain]
+    assert len(times) == 3  # 4 -> 1 server: min_servers
+    assert times[0] >= 0.9 * POLICY.scale_in_window
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert all(gap >= POLICY.scale_in_window for gap in gaps)
+    assert all(d.launch == 0 for _, d in pool.decisions)
+
+
+def test_scale_in_never_goes_below_min_servers() -> None:
+    policy = dataclasses.replace(POLICY, min_servers=2)
+    pool = Pool(servers=4, policy=policy)
+    pool.run(1000, lambda t: 1)
+    assert pool.size == 2
+
+
+def test_scale_in_chooses_the_least_loaded_newest_server_and_says_why() -> None:
+    history = ScalingHistory()
+    views = [
+        ServerLoadView("old-idle", True, 2, 100, started_at=0.0),
+        ServerLoadView("new-idle", True, 2, 100, started_at=50.0),
+        ServerLoadView("busy", True, 20, 100, started_at=10.0),
+    ]
+    for t in range(0, 121):
+        history.add(sample_pool(views, float(t)), keep=60)
+    decision = decide(history, views, POLICY, 120.0)
+    assert decision.drain == "new-idle"
+    assert "fewest requests in progress (2)" in decision.reason
+
+
+def test_no_scale_in_when_the_rest_would_run_hot() -> None:
+    # Two servers at 0.28 each: below th_low, but one alone would be at 0.56 > midpoint 0.5.
+    pool = Pool(servers=2)
+    pool.run(300, lambda t: 56)
+    assert pool.drains() == []
+
+
+def test_oscillating_load_does_not_flap() -> None:
+    pool = Pool(servers=2, boot=10)
+
+    def demand(t: float) -> float:  # 20 s above th_high, 20 s in the band, repeating
+        return 170 if int(t) // 20 % 2 == 0 else 110
+
+    pool.run(1200, demand)
+    launches = pool.launches()
+    drains = len(pool.drains())
+    print(f"oscillating: {launches} launches, {drains} drains over 1200 s; size {pool.size}")
+    assert launches <= 2
+    assert drains == 0  # never below th_low for the long window: nothing to drain
+
+
+def test_a_load_step_up_and_down_scales_out_then_back_in() -> None:
+    pool = Pool(servers=2, boot=20)
+    pool.run(200, lambda t: 50 if t < 20 else 400 if t < 120 else 50)
+    assert pool.launches() >= 3
+    peak = max(pool.size, 2 + pool.launches())
+    pool.run(900, lambda t: 50)
+    assert len(pool.drains()) >= 2
+    assert pool.size < peak
+    assert pool.size >= POLICY.min_servers
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{th_low: 0.8, th_high: 0.7}", "th_low (0.8) must be below th_high (0.7)"),
+        ("{min_servers: 5, max_servers: 2}", "min_servers (5) must not exceed max_servers (2)"),
+    ],
+)
+def test_policy_rules(text: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, ScalingPolicy)
+    assert problem in str(caught.value)
