@@ -6,8 +6,8 @@ first report (start-up is measured apart) it samples the agent process's CPU tim
 system, psutil) over ``--seconds`` and prints it as a percentage of one core. The goal is at
 most 1 %; nothing is asserted.
 
-    .venv/bin/python -m bench.agent              # 60 s, nginx source
-    .venv/bin/python -m bench.agent --seconds 10 --source port
+    .venv/bin/python bench/agent.py                  # 60 s, nginx source
+    .venv/bin/python bench/agent.py --seconds 10 --source port
 """
 
 from __future__ import annotations
