@@ -144,7 +144,14 @@ class Agent:
     async def step(self) -> float:
         """Measure, send, and return how long to wait before the next report."""
         started = self.clock.monotonic()
-        problem = await self.client.send(await self.measure())
+        report = await self.measure()
+        try:
+            problem = await self.client.send(report)
+        except Exception as exc:  # a bug in sending must not stop the reports either
+            problem = DeliveryProblem(f"sending failed: {type(exc).__name__}: {exc}")
+            if problem.message != self._delivery_problem:
+                log.exception("sending a report failed unexpectedly")
+                self._delivery_problem = problem.message
         self._note_delivery(problem)
         if problem is None:
             self.failures = 0
