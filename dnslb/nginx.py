@@ -57,6 +57,12 @@ class NginxSettings:
     origin_timeout_seconds: int = 60  # proxy_read_timeout: the slowest origin answer accepted
     access_log: bool = False  # one line per request: off by default, a loaded lab fills disks
     user: str | None = None
+    # Capacity emulation (the lab): at most ``capacity_rps`` requests a second start; the rest
+    # wait in a queue of up to ``queue_limit`` (then 503), and each response is sent at
+    # ``send_rate`` bytes a second, so a request takes time and a loaded server queues.
+    capacity_rps: float | None = None
+    queue_limit: int = 10000
+    send_rate: int | None = None
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (empty when they can be rendered)."""
@@ -79,6 +85,10 @@ class NginxSettings:
         for name in ("cache_valid_seconds", "origin_timeout_seconds"):
             if getattr(self, name) < 1:
                 found.append(f"{name}: must be at least 1")
+        if self.capacity_rps is not None and not 1 / 60 <= self.capacity_rps <= 100000:
+            found.append(f"capacity_rps: must be 1/60 to 100000, not {self.capacity_rps}")
+        if self.send_rate is not None and self.send_rate < 1:
+            found.append("send_rate: must be at least 1 byte a second")
         return found
 
     @property
@@ -114,7 +124,17 @@ def render_config(settings: NginxSettings, workdir: str | os.PathLike[str]) -> s
     user_line = f"user {user};\n" if user else ""
     host = f"[{settings.address}]" if ":" in settings.address else settings.address
     access_log = f"access_log {work}/access.log;" if settings.access_log else "access_log off;"
-    cache = upstream = ""
+    cache = upstream = limits = zone = ""
+    if settings.capacity_rps is not None:
+        # nginx takes whole requests per minute; a queue (burst) without nodelay delays.
+        per_minute = max(1, round(settings.capacity_rps * 60))
+        zone = (
+            f"    limit_req_zone $server_addr zone=dnslb_capacity:1m rate={per_minute}r/m;\n"
+            "    limit_req_status 503;\n\n"
+        )
+        limits += f"            limit_req zone=dnslb_capacity burst={settings.queue_limit};\n"
+    if settings.send_rate is not None:
+        limits += f"            limit_rate {settings.send_rate};\n"
     if settings.origin is None:
         content = "        location / {\n            return 404;\n        }\n"
     else:
@@ -141,7 +161,7 @@ def render_config(settings: NginxSettings, workdir: str | os.PathLike[str]) -> s
             tls = f"{indent}proxy_ssl_server_name on;\n{indent}proxy_ssl_name {origin.hostname};\n"
         content = f"""\
         location / {{
-            proxy_pass {origin.scheme}://{ORIGIN_UPSTREAM}{path};
+{limits}            proxy_pass {origin.scheme}://{ORIGIN_UPSTREAM}{path};
             proxy_set_header Host {origin.netloc};
 {tls}            # Keep-alive to the origin needs HTTP/1.1 and no "Connection: close" from us.
             proxy_http_version 1.1;
@@ -178,7 +198,7 @@ http {{
     fastcgi_temp_path {work}/temp/fastcgi;
     uwsgi_temp_path {work}/temp/uwsgi;
     scgi_temp_path {work}/temp/scgi;
-{cache}{upstream}    server {{
+{zone}{cache}{upstream}    server {{
         listen {host}:{settings.port};
 
         # The agent reads requests in progress here; nobody else may.

@@ -92,3 +92,31 @@ def log_tail(path: str | os.PathLike[str], lines: int = 20) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def stop_pgid(pgid: int, *, sig: int = signal.SIGTERM, timeout: float = 5.0) -> None:
+    """Stop process group ``pgid`` when there is no ``Popen`` for it (started by an earlier
+    manager): ``sig``, up to ``timeout`` seconds to go, then SIGKILL."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not live_group_members(pgid):
+            return
+        time.sleep(0.02)
+    wait_for_group_exit(pgid, timeout)
+
+
+def process_runs(pid: int, marker: str) -> bool:
+    """True when ``pid`` is a live process whose command line holds ``marker`` (a path of ours):
+    a recycled pid belongs to someone else."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+        command = (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    if stat.rpartition(")")[2].split()[0] == "Z":
+        return False
+    return marker.encode() in command

@@ -19,6 +19,7 @@ from dnslb.plan import STATIC_TYPES
 from dnslb.policy import PoolPolicy
 from dnslb.scaling import ScalingPolicy
 from manager.clusters import ClusterNode, ClusterSettings
+from manager.providers.local import LocalProviderConfig
 from manager.providers.memory import MemoryProviderConfig
 from manager.providers.static import StaticProviderConfig
 
@@ -279,7 +280,7 @@ class LifecycleConfig:
     )
 
 
-ProviderConfig = StaticProviderConfig | MemoryProviderConfig
+ProviderConfig = StaticProviderConfig | MemoryProviderConfig | LocalProviderConfig
 """Every provider's configuration, told apart by ``type``."""
 
 
