@@ -51,7 +51,9 @@ class PdnsSettings:
     threads: int = 2  # distributor threads: one pipe coprocess each
     abi: int = 5
     pipe_timeout_ms: int = 2000
-    negative_ttl: int = 60  # negquery-cache-ttl: how long pdns remembers a name does not exist
+    # negquery-cache-ttl: how long pdns remembers an empty answer. A pool with no member to
+    # answer (all launching, say) is empty for a moment; clients must see it filled soon.
+    negative_ttl: int = 5
     python: str | None = None
 
 
@@ -79,7 +81,8 @@ consistent-backends=no
 no-shuffle=yes
 # One coprocess per distributor thread.
 distributor-threads={settings.threads}
-# How long a name that does not exist stays negative in pdns's query cache.
+# How long an empty answer stays in pdns's query cache: a pool that was empty for a moment
+# (every server still booting) must be answered as soon as it has members.
 negquery-cache-ttl={settings.negative_ttl}
 local-address={settings.address}
 local-port={settings.port}

@@ -90,7 +90,12 @@ class SoaConfig:
     refresh: int = setting(10800, help="SOA refresh", min=0)
     retry: int = setting(3600, help="SOA retry", min=0)
     expire: int = setting(604800, help="SOA expire", min=0)
-    minimum: int = setting(60, help="negative-caching TTL (RFC 2308)", min=0)
+    minimum: int = setting(
+        10,
+        help="negative-caching TTL (RFC 2308): short, so that a pool empty for a moment is "
+        "answered again soon",
+        min=0,
+    )
     ttl: int = setting(3600, help="TTL of the SOA record", min=0)
 
 

@@ -163,6 +163,8 @@ class ManagerProcess:
                     "manager",
                     "--config",
                     str(self.workdir / "manager.yaml"),
+                    "--log-level",
+                    os.environ.get("DNSLB_TEST_LOG", "info"),
                 ],
                 env=env,
                 stdin=subprocess.DEVNULL,
