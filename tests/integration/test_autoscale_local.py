@@ -55,7 +55,7 @@ pools:
 
 
 class Clients:
-    """Client threads that resolve through pdns (honouring TTLs) and fetch from the first address."""
+    """Client threads resolving through pdns (honouring TTLs), fetching from the first address."""
 
     def __init__(self, dns_port: int, http_port: int) -> None:
         self.dns_port = dns_port
@@ -163,7 +163,7 @@ def test_scale_out_and_in_with_no_failed_request(tmp_path: Path) -> None:
             )
             clients.stop()
             print(
-                f"client outcomes: {tally(clients.outcomes)}; addresses used: {dict(clients.addresses)}"
+                f"client outcomes: {tally(clients.outcomes)}; by address: {dict(clients.addresses)}"
             )
             print(
                 "events:\n"
