@@ -18,7 +18,9 @@ from dnslb.dnsname import name_problem, normalize
 from dnslb.plan import STATIC_TYPES
 from dnslb.policy import PoolPolicy
 from dnslb.scaling import ScalingPolicy
+from manager.providers.ec2 import Ec2ProviderConfig
 from manager.providers.memory import MemoryProviderConfig
+from manager.providers.openstack import OpenStackProviderConfig
 from manager.providers.static import StaticProviderConfig
 
 
@@ -205,7 +207,9 @@ class LifecycleConfig:
     )
 
 
-ProviderConfig = StaticProviderConfig | MemoryProviderConfig
+ProviderConfig = (
+    StaticProviderConfig | MemoryProviderConfig | Ec2ProviderConfig | OpenStackProviderConfig
+)
 """Every provider's configuration, told apart by ``type``."""
 
 
