@@ -17,7 +17,7 @@ from typing import Any
 
 import boto3
 import pytest
-from botocore.exceptions import EndpointConnectionError
+from botocore.exceptions import ClientError, EndpointConnectionError
 from botocore.stub import ANY, Stubber
 from moto import mock_aws
 
@@ -550,7 +550,39 @@ def test_throttling_is_retried_with_growing_jittered_pauses_and_the_same_client_
     # One pause for the describe, three for the launch; attempt n waits at most base * 2**n.
     assert len(clock.slept) == 4
     for attempt, pause in zip([0, 0, 1, 2], clock.slept, strict=True):
-        assert 0.0 <= pause <= min(RETRY_CAP, RETRY_BASE * 2**attempt)
+        assert 0.0 <= pause <= RETRY_BASE * 2**attempt
+
+
+class HighestJitter:
+    """Stands in for the provider's random source: always the longest pause allowed."""
+
+    def uniform(self, low: float, high: float) -> float:
+        return high
+
+
+def test_backoff_doubles_up_to_its_cap_then_gives_up(tmp_path: Path) -> None:
+    clock = RecordingClock()
+    provider = make_provider(
+        "{type: ec2, region: eu-west-1, ami: ami-1, instance_types: [c5.large], retries: 8}",
+        tmp_path,
+        clock=clock,
+    )
+    provider._random = HighestJitter()  # type: ignore[assignment]
+    calls: list[int] = []
+
+    def throttled(client: Any) -> None:
+        calls.append(1)
+        raise ClientError(
+            {"Error": {"Code": "Throttling", "Message": "Rate exceeded"}}, "DescribeInstances"
+        )
+
+    with pytest.raises(ProviderError, match="still failing after 9 attempts") as caught:
+        asyncio.run(provider._call("DescribeInstances", throttled))
+    assert "Throttling: Rate exceeded" in str(caught.value)
+    assert caught.value.retryable
+    assert len(calls) == 9
+    assert RETRY_CAP == 20.0
+    assert clock.slept == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 20.0, 20.0]
 
 
 def test_throttling_gives_up_after_the_configured_retries(tmp_path: Path) -> None:
