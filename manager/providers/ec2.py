@@ -133,7 +133,7 @@ class LaunchTemplateRef:
 
     def config_problems(self) -> Iterator[str]:
         if (self.id is None) == (self.name is None):
-            yield "launch_template: give either id or name"
+            yield "give either id or name"
 
 
 @dataclass(frozen=True, slots=True)
