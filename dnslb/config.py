@@ -343,6 +343,27 @@ def load_config(path: str | os.PathLike[str], schema: type[_T]) -> _T:
     return parse_config(text, schema, source=str(file), base=file.resolve().parent)
 
 
+def to_document(value: Any) -> Any:
+    """A built configuration as a JSON-ready document that :func:`parse_config` reads back.
+
+    Secrets become their references, enums their values, tuples lists; never a secret's value.
+    """
+    if isinstance(value, Secret):
+        return value.reference
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: to_document(getattr(value, field.name))
+            for field in dataclasses.fields(value)
+        }
+    if isinstance(value, tuple | list):
+        return [to_document(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): to_document(item) for key, item in value.items()}
+    return value
+
+
 # -- documentation ----------------------------------------------------------------------------
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 from dnslb.model import ServerState
 from manager.config import HttpCheck, TcpCheck
@@ -80,20 +79,31 @@ async def _probe(check: TcpCheck | HttpCheck, address: str) -> tuple[bool, str]:
 class HealthChecker:
     """Runs the active checks of every pool that has one."""
 
-    def __init__(self, fleet: Fleet, sleep: Callable[[float], object] | None = None) -> None:
+    def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._running = False
 
     def start(self) -> None:
+        """Start checking every pool that has a check (and pools added later)."""
+        self._running = True
         for pool in self.fleet.pools.values():
-            if pool.config.health_check is not None:
-                self._tasks.append(asyncio.create_task(self._run(pool), name=f"check {pool.name}"))
+            self.start_pool(pool)
+
+    def start_pool(self, pool: PoolRuntime) -> None:
+        if self._running and pool.config.health_check is not None and pool.name not in self._tasks:
+            self._tasks[pool.name] = asyncio.create_task(self._run(pool), name=f"check {pool.name}")
+
+    async def stop_pool(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        self._running = False
+        for name in list(self._tasks):
+            await self.stop_pool(name)
 
     async def check_pool(self, pool: PoolRuntime) -> None:
         """Probe every live server of ``pool`` once, concurrently."""

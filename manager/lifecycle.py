@@ -113,6 +113,11 @@ class PoolLifecycle:
             return Decision()
         if decision.launch or decision.drain:
             record(self.history, decision, now)
+            kind = "scale_out" if decision.launch else "scale_in"
+            amount = (
+                f"launching {decision.launch}" if decision.launch else f"draining {decision.drain}"
+            )
+            self.fleet.log(wall, kind, f"{amount}: {decision.reason}", pool=self.pool.name)
         for _ in range(decision.launch):
             self.launch(decision.reason, wall)
         if decision.drain:
@@ -419,6 +424,12 @@ class PoolLifecycle:
             if not self.tasks:
                 return
             await asyncio.sleep(0)
+
+    async def terminate_all(self, why: str) -> None:
+        """Terminate every server of the pool (the pool is being deleted)."""
+        for server in list(self.pool.servers.values()):
+            if server.record.origin == self.provider.kind:
+                await self._terminate(server, why)
 
     async def close(self) -> None:
         for task in list(self.tasks):

@@ -19,14 +19,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
+import time
 
 from dnslb.clock import Clock, SystemClock
+from dnslb.config import parse_config, to_document
+from dnslb.control import AdminAction, Conflict, NotFound
+from dnslb.dnsname import normalize
+from dnslb.errors import ConfigError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan
 from dnslb.plan_store import FilePlanStore, PlanStore
 from dnslb.policy import update_load
+from dnslb.report import Report
 from dnslb.tokens import token_hash
+from manager.clusters import ClusterController, HttpTablePusher
 from manager.config import LoadedConfig, MemberConfig, PoolConfig
 from manager.fleet import Fleet, PoolRuntime, ServerRuntime
 from manager.health import HealthChecker
@@ -59,17 +67,61 @@ class Manager:
         self.store = StateStore(loaded.path(self.config.state.path))
         self.publisher = publisher or FilePlanStore(loaded.path(self.config.plan.path))
         self.fleet = Fleet(self.store, self.config.auth.agent_token)
-        for pool in self.config.pools:
-            self.fleet.add_pool(pool)
-        self._restore()
+        self.health = HealthChecker(self.fleet)
         self.lifecycles: dict[str, PoolLifecycle] = {}
-        providers_dir = loaded.path(self.config.state.path).parent / "providers"
+        self.pool_sources: dict[str, str] = {}  # pool -> "config" or "api"
+        self._providers_dir = loaded.path(self.config.state.path).parent / "providers"
         for pool in self.config.pools:
-            if pool.provider is None:
-                continue
+            self._install_pool(pool, source="config")
+        for document in self.store.load_pools():
+            self._install_stored_pool(document)
+        self._restore()
+        self.clusters: dict[str, ClusterController] = {}
+        cluster_nodes: dict[str, tuple[ClusterController, str]] = {}
+        for cluster in self.config.clusters:
+            controller = ClusterController(
+                cluster.settings(),
+                HttpTablePusher(timeout=cluster.push_timeout),
+                clock=self.clock.monotonic,
+            )
+            self.clusters[cluster.name] = controller
+            for node in cluster.nodes:
+                cluster_nodes[node.id] = (controller, token_hash(node.token.reveal()))
+        self.cluster_members = {
+            member.id: member.cluster
+            for pool in self.config.pools
+            for member in pool.members
+            if member.cluster is not None
+        }
+        self._cluster_seq = int(self.clock.time() * 1000)
+        self._cluster_events_logged: dict[str, float] = {}
+        self.ingest = ReportIngest(
+            self.fleet,
+            self.clock.monotonic,
+            on_overload=self._overload,
+            cluster_nodes=cluster_nodes,
+        )
+        self.started_at = self.clock.monotonic()
+        self.version = int(self.store.get_meta("plan_version") or 0)
+        self.plan: Plan | None = None  # the last plan published
+        self.tick_errors = 0
+        self.tick_seconds = 0.0
+        self._answer_counts: tuple[float, dict[str, tuple[int, int]]] | None = None
+        self._content: Plan | None = None
+        self._published_at: float | None = None
+        self._urgent = asyncio.Event()
+        self.api: ASGIApp | None = None
+
+    # -- pools ----------------------------------------------------------------------------------
+
+    def _install_pool(self, pool: PoolConfig, *, source: str) -> None:
+        """Start managing ``pool`` (its servers come from the store or are added after)."""
+        self.fleet.add_pool(pool)
+        self.pool_sources[pool.name] = source
+        if pool.provider is not None:
             context = ProviderContext(
                 pool=pool.name,
-                state_dir=providers_dir / pool.name,
+                state_dir=self._providers_dir / pool.name,
                 manager_url=self.config.http.url,
                 clock=self.clock,
             )
@@ -81,31 +133,201 @@ class Manager:
                 config=pool.lifecycle,
                 clock=self.clock,
             )
-        self.ingest = ReportIngest(self.fleet, self.clock.monotonic, on_overload=self._overload)
-        self.health = HealthChecker(self.fleet)
-        self.started_at = self.clock.monotonic()
-        self.version = int(self.store.get_meta("plan_version") or 0)
-        self.plan: Plan | None = None  # the last plan published
-        self.tick_errors = 0
-        self._content: Plan | None = None
-        self._published_at: float | None = None
-        self._urgent = asyncio.Event()
-        self.api: ASGIApp | None = None
+
+    def _install_stored_pool(self, document: dict[str, object]) -> None:
+        name = document.get("name")
+        try:
+            pool = parse_config(json.dumps(document), PoolConfig, source=f"stored pool {name!r}")
+        except ConfigError as exc:
+            log.error("pool %r from the state database is invalid, skipped: %s", name, exc)
+            return
+        if pool.name in self.fleet.pools:
+            log.error(
+                "pool %r is in both the configuration file and the state database; the file's wins",
+                pool.name,
+            )
+            return
+        self._install_pool(pool, source="api")
+
+    def check_new_pool(self, pool: PoolConfig, *, replacing: str | None = None) -> None:
+        """Refuse a pool that does not fit beside the others (zone, name, server ids)."""
+        problems = []
+        zones = {zone.name for zone in self.zones}
+        if normalize(pool.zone) not in zones:
+            problems.append(f"zone: {pool.zone!r} is not one of the configured zones")
+        if pool.name in self.fleet.pools and pool.name != replacing:
+            raise Conflict(f"pool {pool.name!r} exists")
+        dns_names = {p.config.dns_name: n for n, p in self.fleet.pools.items() if n != replacing}
+        if pool.dns_name in dns_names:
+            problems.append(f"name: {pool.dns_name} is already pool {dns_names[pool.dns_name]!r}")
+        for index, member in enumerate(pool.members):
+            owner = self.fleet.servers.get(member.id)
+            if owner is not None and owner.record.pool != replacing:
+                problems.append(
+                    f"members[{index}].id: {member.id!r} is a server of pool {owner.record.pool!r}"
+                )
+        if problems:
+            raise ConfigError("invalid pool", problems)
+
+    def add_pool(self, pool: PoolConfig) -> None:
+        """Create a pool at runtime (persisted; in the next plan)."""
+        self.check_new_pool(pool)
+        now = self.clock.time()
+        with self.store.batch():
+            self.store.save_pool(pool.name, to_document(pool), now)
+            self._install_pool(pool, source="api")
+            for member in pool.members:
+                self.fleet.add_server(
+                    _static_record(pool, member, now), event="static member added", now=now
+                )
+            self.fleet.log(now, "pool_created", f"pool {pool.dns_name} created", pool=pool.name)
+        self.health.start_pool(self.fleet.pools[pool.name])
+
+    async def replace_pool(self, pool: PoolConfig) -> None:
+        """Change a runtime pool: policy, scaling and checks apply at once; members are diffed."""
+        old = self._runtime_pool(pool.name)
+        if (old.config.provider is None) != (pool.provider is None) or (
+            old.config.provider is not None
+            and pool.provider is not None
+            and old.config.provider.type != pool.provider.type
+        ):
+            raise Conflict("a pool's provider cannot change; create a new pool")
+        self.check_new_pool(pool, replacing=pool.name)
+        now = self.clock.time()
+        with self.store.batch():
+            self.store.save_pool(pool.name, to_document(pool), now)
+            old.config = pool
+            lifecycle = self.lifecycles.get(pool.name)
+            if lifecycle is not None:
+                lifecycle.scaling = pool.scaling
+                lifecycle.config = pool.lifecycle
+            wanted = {member.id: member for member in pool.members}
+            for server in list(old.servers.values()):
+                if server.record.origin == "static" and server.id not in wanted:
+                    self._retire(server, "removed from the pool", now)
+            for member in pool.members:
+                record = _static_record(pool, member, now)
+                existing = self.fleet.servers.get(member.id)
+                if existing is None:
+                    self.fleet.add_server(record, event="static member added", now=now)
+                    continue
+                changes = {
+                    key: getattr(record, key)
+                    for key in ("address", "check_address", "max_concurrency", "token_hash")
+                    if getattr(record, key) != getattr(existing.record, key)
+                }
+                if changes:
+                    self.fleet.update(existing, **changes)
+            self.fleet.log(now, "pool_updated", "pool configuration changed", pool=pool.name)
+        await self.health.stop_pool(pool.name)
+        self.health.start_pool(old)
+
+    async def remove_pool(self, name: str) -> None:
+        """Delete a runtime pool: out of the plan now; launched servers are terminated."""
+        pool = self._runtime_pool(name)
+        now = self.clock.time()
+        await self.health.stop_pool(name)
+        lifecycle = self.lifecycles.pop(name, None)
+        with self.store.batch():
+            for server in list(pool.servers.values()):
+                self._retire(server, "pool deleted", now)
+        if lifecycle is not None:
+            await lifecycle.terminate_all("pool deleted")
+            await lifecycle.close()
+        with self.store.batch():
+            del self.fleet.pools[name]
+            del self.pool_sources[name]
+            self.store.delete_pool(name)
+            self.fleet.log(now, "pool_deleted", "pool deleted", pool=name)
+
+    def _runtime_pool(self, name: str) -> PoolRuntime:
+        pool = self.fleet.pools.get(name)
+        if pool is None:
+            raise NotFound(f"no pool {name!r}")
+        if self.pool_sources[name] == "config":
+            raise Conflict(f"pool {name!r} is defined in {self.loaded.source}; change it there")
+        return pool
+
+    def _retire(self, server: ServerRuntime, why: str, now: float) -> None:
+        """A static server leaves for good (a launched one is left to its lifecycle)."""
+        if server.record.origin != "static":
+            return
+        self.fleet.transition(server, ServerState.TERMINATED, why, now=now)
+        self.fleet.forget(server)
+
+    # -- operators ------------------------------------------------------------------------------
+
+    def admin(self, server_id: str, action: AdminAction, reason: str) -> ServerRuntime:
+        """Carry out an operator's action on a server; it wins over the policy until cleared."""
+        server = self.fleet.servers.get(server_id)
+        if server is None:
+            raise NotFound(f"no server {server_id!r}")
+        now = self.clock.time()
+        why = f"operator: {reason}" if reason else "operator"
+        state = server.state
+        if action in (AdminAction.PAUSE, AdminAction.RESUME):
+            paused = action is AdminAction.PAUSE
+            if server.record.admin_paused != paused:
+                self.fleet.update(server, admin_paused=paused)
+                self.fleet.log(
+                    now, f"admin_{action.value}", why, pool=server.record.pool, server=server.id
+                )
+        elif action is AdminAction.DISABLE:
+            if state is ServerState.LAUNCHING:
+                raise Conflict(f"{server_id} is still launching; drain it once it runs")
+            self.fleet.transition(server, ServerState.DISABLED, why, now=now)
+        elif action is AdminAction.ENABLE:
+            if state not in (ServerState.DISABLED, ServerState.DRAINING):
+                raise Conflict(f"{server_id} is {state.value}, not disabled or drained")
+            lifecycle = self.lifecycles.get(server.record.pool)
+            if (
+                state is ServerState.DRAINING
+                and lifecycle is not None
+                and server.record.origin != "static"
+            ):
+                raise Conflict(f"{server_id} is draining to be terminated; launch another instead")
+            self.fleet.transition(
+                server, ServerState.WARMING, f"{why}; waiting for a healthy report", now=now
+            )
+        elif action is AdminAction.DRAIN:
+            if state in (ServerState.DRAINING, ServerState.LAUNCHING):
+                raise Conflict(f"{server_id} is {state.value}")
+            lifecycle = self.lifecycles.get(server.record.pool)
+            if lifecycle is not None and server.record.origin != "static":
+                lifecycle.drain(server, why, now)
+            else:
+                self.fleet.transition(server, ServerState.DRAINING, why, now=now)
+        return server
+
+    async def add_member(self, pool_name: str, member: MemberConfig) -> ServerRuntime:
+        pool = self._runtime_pool(pool_name)
+        await self.replace_pool(
+            dataclasses.replace(pool.config, members=(*pool.config.members, member))
+        )
+        return self.fleet.servers[member.id]
+
+    async def remove_member(self, server_id: str) -> None:
+        server = self.fleet.servers.get(server_id)
+        if server is None:
+            raise NotFound(f"no server {server_id!r}")
+        pool = self._runtime_pool(server.record.pool)
+        if server.record.origin != "static":
+            raise Conflict(f"{server_id} was launched by the provider; drain it instead")
+        members = tuple(m for m in pool.config.members if m.id != server_id)
+        await self.replace_pool(dataclasses.replace(pool.config, members=members))
 
     # -- start-up -----------------------------------------------------------------------------
 
     def _restore(self) -> None:
-        """Read servers back from the store and line static members up with the config."""
+        """Read servers back from the store and line static members up with the pools."""
         now = self.clock.time()
         stored = {record.id: record for record in self.store.load_servers()}
-        for pool in self.config.pools:
+        for pool in [runtime.config for runtime in self.fleet.pools.values()]:
             for member in pool.members:
                 record = stored.pop(member.id, None)
                 wanted = _static_record(pool, member, now)
                 if record is None:
-                    self.fleet.add_server(
-                        wanted, event="static member from the configuration", now=now
-                    )
+                    self.fleet.add_server(wanted, event="static member configured", now=now)
                     continue
                 if record.state is ServerState.TERMINATED or record.pool != pool.name:
                     record = dataclasses.replace(wanted, created_at=record.created_at)
@@ -138,12 +360,49 @@ class Manager:
         now = self.clock.monotonic()
         wall = self.clock.time()
         with self.store.batch():
+            self._feed_clusters(now, wall)
             for pool in self.fleet.pools.values():
                 for server in pool.servers.values():
                     self._assess(pool, server, now, wall)
             for lifecycle in self.lifecycles.values():
                 lifecycle.tick(now, wall)
             return self._publish(now, wall)
+
+    def _feed_clusters(self, now: float, wall: float) -> None:
+        """A cluster member's load is its live nodes' load: reported for it, as its agent would."""
+        self._cluster_seq += 1
+        for member_id, cluster_name in self.cluster_members.items():
+            server = self.fleet.servers.get(member_id)
+            controller = self.clusters[cluster_name]
+            if server is None:
+                continue
+            load = controller.load(now)
+            server.report = Report(
+                server_id=member_id,
+                seq=self._cluster_seq,
+                time=wall,
+                in_progress=load[0] if load else None,
+                max_concurrency=load[1] if load else None,
+                error=None if load else f"no node of cluster {cluster_name} is alive",
+            )
+            server.report_at = now
+        for name, controller in self.clusters.items():
+            logged = self._cluster_events_logged.get(name, float("-inf"))
+            for event in controller.events:
+                if event.at > logged:
+                    self.fleet.log(wall, "cluster", f"{name}: {event.what}: {event.why}")
+                    self._cluster_events_logged[name] = event.at
+
+    async def _run_clusters(self, stop: asyncio.Event) -> None:
+        """Cluster controllers decide every ``tick`` of theirs (tens of ms: failover speed)."""
+        interval = min(cluster.tick for cluster in self.config.clusters)
+        while not stop.is_set():
+            for controller in self.clusters.values():
+                try:
+                    await controller.tick()
+                except Exception:  # one bad tick must not stop failover for good; logged
+                    log.exception("cluster %s tick failed", controller.settings.name)
+            await _wait_any(stop, timeout=interval)
 
     def _assess(self, pool: PoolRuntime, server: ServerRuntime, now: float, wall: float) -> None:
         healthy, reason = health_of(
@@ -244,6 +503,28 @@ class Manager:
                 if server.answered_until is None or until > server.answered_until:
                     server.answered_until = until
 
+    def answer_counts(self) -> dict[str, tuple[int, int]]:
+        """Per server id: (answers it came first in, answers it was in), summed over every pipe
+        backend that reported counts (read at most once a second)."""
+        now = self.clock.monotonic()
+        if self._answer_counts is not None and now - self._answer_counts[0] < 1.0:
+            return self._answer_counts[1]
+        totals: dict[str, tuple[int, int]] = {}
+        for document in self.publisher.read_stats():
+            pools = document.get("pools")
+            if not isinstance(pools, dict):
+                continue
+            for members in pools.values():
+                if not isinstance(members, dict):
+                    continue
+                for member, pair in members.items():
+                    if not (isinstance(pair, list) and len(pair) == 2):
+                        continue
+                    first, seen = totals.get(member, (0, 0))
+                    totals[member] = (first + int(pair[0]), seen + int(pair[1]))
+        self._answer_counts = (now, totals)
+        return totals
+
     async def close(self) -> None:
         """Stop background work and close the state database (what shutdown does)."""
         for lifecycle in self.lifecycles.values():
@@ -270,6 +551,11 @@ class Manager:
         server = HttpServer.for_app(self.http_app())
         serving = asyncio.create_task(server.serve(sockets=[sock]), name="http")
         self.health.start()
+        clusters = (
+            asyncio.create_task(self._run_clusters(stop), name="clusters")
+            if self.clusters
+            else None
+        )
         log.info(
             "manager listening on %s:%d; plan %s; %d pools, %d servers",
             http.address,
@@ -291,6 +577,10 @@ class Manager:
         finally:
             server.should_exit = True
             await self.health.stop()
+            if clusters is not None:
+                await clusters
+            for controller in self.clusters.values():
+                await controller.aclose()
             with contextlib.suppress(asyncio.CancelledError):
                 await serving
             sock.close()
@@ -298,11 +588,13 @@ class Manager:
             log.info("manager stopped")
 
     def _safe_tick(self) -> None:
+        started = time.perf_counter()
         try:
             self.tick()
         except Exception:  # a bug in one tick must not stop the manager; it is logged
             self.tick_errors += 1
             log.exception("tick failed (%d so far); carrying on", self.tick_errors)
+        self.tick_seconds = time.perf_counter() - started
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float) -> None:

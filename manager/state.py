@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS servers (
     data TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS servers_pool ON servers (pool);
+CREATE TABLE IF NOT EXISTS pools (
+    name TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -184,8 +189,28 @@ class StateStore:
             for row in rows
         ]
 
+    def load_servers_of(self, pool: str) -> list[ServerRecord]:
+        """Every server a pool ever had, terminated ones included (for costs)."""
+        return [record for record in self.load_servers() if record.pool == pool]
+
     def delete_server(self, server_id: str) -> None:
         self._db.execute("DELETE FROM servers WHERE id = ?", (server_id,))
+
+    # -- pools created through the API --------------------------------------------------------
+
+    def save_pool(self, name: str, spec: dict[str, Any], now: float) -> None:
+        self._db.execute(
+            "INSERT INTO pools (name, spec, created_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
+            (name, json.dumps(spec, sort_keys=True), now),
+        )
+
+    def load_pools(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT spec FROM pools ORDER BY created_at, name").fetchall()
+        return [json.loads(row[0]) for row in rows]
+
+    def delete_pool(self, name: str) -> None:
+        self._db.execute("DELETE FROM pools WHERE name = ?", (name,))
 
     # -- events -------------------------------------------------------------------------------
 
@@ -203,16 +228,20 @@ class StateStore:
             id=cursor.lastrowid,
         )
 
-    def events(
+    def count_events(self, *, pool: str | None = None, kinds: Iterable[str] = ()) -> int:
+        clauses, params = self._event_filter(pool=pool, server=None, kinds=kinds, before_id=None)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        row = self._db.execute(f"SELECT COUNT(*) FROM events {where}", params).fetchone()  # noqa: S608
+        return int(row[0])
+
+    def _event_filter(
         self,
         *,
-        pool: str | None = None,
-        server: str | None = None,
-        kinds: Iterable[str] | None = None,
-        before_id: int | None = None,
-        limit: int = 100,
-    ) -> list[Event]:
-        """Events newest first, filtered; page with ``before_id`` (the last id of a page)."""
+        pool: str | None,
+        server: str | None,
+        kinds: Iterable[str] | None,
+        before_id: int | None,
+    ) -> tuple[list[str], list[Any]]:
         clauses: list[str] = []
         params: list[Any] = []
         if pool is not None:
@@ -228,6 +257,21 @@ class StateStore:
         if before_id is not None:
             clauses.append("id < ?")
             params.append(before_id)
+        return clauses, params
+
+    def events(
+        self,
+        *,
+        pool: str | None = None,
+        server: str | None = None,
+        kinds: Iterable[str] | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[Event]:
+        """Events newest first, filtered; page with ``before_id`` (the last id of a page)."""
+        clauses, params = self._event_filter(
+            pool=pool, server=server, kinds=kinds, before_id=before_id
+        )
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._db.execute(
             f"SELECT id, time, pool, server, kind, reason FROM events {where} "  # noqa: S608

@@ -1,0 +1,223 @@
+"""The manager as :class:`dnslb.control.ManagerControl`: views for the API, actions through it.
+
+Pool specs arrive as JSON documents and are built with the same machinery as the configuration
+file (:func:`dnslb.config.parse_config`), so the API and the file accept exactly the same pools
+and report problems the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dnslb.config import parse_config, to_document
+from dnslb.control import (
+    AdminAction,
+    ManagerControl,
+    ManagerStats,
+    NotFound,
+    PlanView,
+    PoolView,
+    ServerView,
+)
+from dnslb.model import Event, ServerState
+from dnslb.plan import MemberState
+from manager.config import MemberConfig, PoolConfig
+from manager.fleet import PoolRuntime, ServerRuntime
+from manager.lifecycle import server_cost
+from manager.service import Manager
+
+
+class Control:
+    """Implements :class:`dnslb.control.ManagerControl` on a running :class:`Manager`."""
+
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+
+    # -- views --------------------------------------------------------------------------------
+
+    def _members(self) -> dict[str, tuple[float, int]]:
+        plan = self.manager.plan
+        if plan is None:
+            return {}
+        return {
+            member.id: (member.weight, member.ttl)
+            for pool in plan.pools
+            for member in pool.members
+            if member.state is MemberState.ACTIVE
+        }
+
+    def _server_view(
+        self,
+        server: ServerRuntime,
+        members: Mapping[str, tuple[float, int]],
+        answers: Mapping[str, tuple[int, int]] | None = None,
+    ) -> ServerView:
+        record = server.record
+        now = self.manager.clock.monotonic()
+        weight_ttl = members.get(server.id)
+        report = server.report
+        return ServerView(
+            id=server.id,
+            pool=record.pool,
+            address=record.address,
+            check_address=record.check_address,
+            origin=record.origin,
+            state=record.state,
+            state_reason=record.state_reason,
+            state_since=record.state_since,
+            created_at=record.created_at,
+            utilization=server.load.utilization if server.load is not None else None,
+            in_progress=report.in_progress if report is not None else None,
+            max_concurrency=server.max_concurrency,
+            weight=weight_ttl[0] if weight_ttl else None,
+            ttl=weight_ttl[1] if weight_ttl else None,
+            paused=server.paused,
+            admin_paused=record.admin_paused,
+            report_age=now - server.report_at if server.report_at is not None else None,
+            cost_seconds=server_cost(record, self.manager.clock.time()),
+            served=server.served,
+            answers=answers[server.id][1] if answers and server.id in answers else None,
+        )
+
+    def _pool_view(self, pool: PoolRuntime) -> PoolView:
+        manager = self.manager
+        wall = manager.clock.time()
+        cost = 0.0
+        served = 0
+        by_state: Counter[str] = Counter()
+        for record in manager.store.load_servers_of(pool.name):
+            runtime = manager.fleet.servers.get(record.id)
+            cost += server_cost(record, wall)
+            served += runtime.served if runtime is not None else int(record.data.get("served", 0))
+            if record.state is not ServerState.TERMINATED:
+                by_state[record.state.value] += 1
+        return PoolView(
+            name=pool.name,
+            dns_name=pool.config.dns_name,
+            zone=pool.config.zone,
+            source=manager.pool_sources[pool.name],
+            provider=pool.config.provider.type if pool.config.provider is not None else None,
+            spec=to_document(pool.config),
+            servers=dict(by_state),
+            cost_seconds=cost,
+            served=served,
+            scale_events=manager.store.count_events(
+                pool=pool.name, kinds=("scale_out", "scale_in")
+            ),
+            mean_ttl=self._mean_ttl(pool.config.dns_name),
+        )
+
+    def _mean_ttl(self, dns_name: str) -> float | None:
+        plan = self.manager.plan
+        if plan is None:
+            return None
+        for pool in plan.pools:
+            if pool.name != dns_name:
+                continue
+            active = [m for m in pool.members if m.state is MemberState.ACTIVE]
+            total = sum(m.weight for m in active)
+            if not active or total <= 0:
+                return None
+            return sum(m.ttl * m.weight for m in active) / total
+        return None
+
+    def pools(self) -> Sequence[PoolView]:
+        return [self._pool_view(pool) for pool in self.manager.fleet.pools.values()]
+
+    def pool(self, name: str) -> PoolView:
+        pool = self.manager.fleet.pools.get(name)
+        if pool is None:
+            raise NotFound(f"no pool {name!r}")
+        return self._pool_view(pool)
+
+    def servers(self, pool: str | None = None) -> Sequence[ServerView]:
+        if pool is not None and pool not in self.manager.fleet.pools:
+            raise NotFound(f"no pool {pool!r}")
+        members = self._members()
+        answers = self.manager.answer_counts()
+        return [
+            self._server_view(server, members, answers)
+            for server in self.manager.fleet.servers.values()
+            if pool is None or server.record.pool == pool
+        ]
+
+    def server(self, server_id: str) -> ServerView:
+        server = self.manager.fleet.servers.get(server_id)
+        if server is None:
+            raise NotFound(f"no server {server_id!r}")
+        return self._server_view(server, self._members(), self.manager.answer_counts())
+
+    def plan(self) -> PlanView | None:
+        plan = self.manager.plan
+        if plan is None or plan.generated_at is None:
+            return None
+        return PlanView(
+            plan=plan,
+            published_at=plan.generated_at,
+            age=max(0.0, self.manager.clock.time() - plan.generated_at),
+        )
+
+    def events(
+        self,
+        *,
+        pool: str | None = None,
+        server: str | None = None,
+        kinds: Sequence[str] = (),
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> Sequence[Event]:
+        return self.manager.store.events(
+            pool=pool, server=server, kinds=kinds, before_id=before_id, limit=limit
+        )
+
+    def stats(self) -> ManagerStats:
+        manager = self.manager
+        plan = manager.plan
+        age = None
+        if plan is not None and plan.generated_at is not None:
+            age = max(0.0, manager.clock.time() - plan.generated_at)
+        return ManagerStats(
+            plan_version=manager.version,
+            plan_age=age,
+            tick_seconds=manager.tick_seconds,
+            tick_errors=manager.tick_errors,
+            reports=dict(manager.ingest.counts),
+            ready=manager.ready(),
+        )
+
+    # -- changes ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _build(kind: type[Any], document: Mapping[str, Any], what: str) -> Any:
+        return parse_config(json.dumps(dict(document), indent=1), kind, source=what)
+
+    async def create_pool(self, spec: Mapping[str, Any]) -> PoolView:
+        pool: PoolConfig = self._build(PoolConfig, spec, "pool")
+        self.manager.add_pool(pool)
+        return self.pool(pool.name)
+
+    async def update_pool(self, name: str, spec: Mapping[str, Any]) -> PoolView:
+        pool: PoolConfig = self._build(PoolConfig, {**spec, "name": name}, "pool")
+        await self.manager.replace_pool(pool)
+        return self.pool(name)
+
+    async def delete_pool(self, name: str) -> None:
+        await self.manager.remove_pool(name)
+
+    async def add_member(self, pool: str, member: Mapping[str, Any]) -> ServerView:
+        built: MemberConfig = self._build(MemberConfig, member, "member")
+        server = await self.manager.add_member(pool, built)
+        return self._server_view(server, self._members())
+
+    async def remove_member(self, server_id: str) -> None:
+        await self.manager.remove_member(server_id)
+
+    async def act(self, server_id: str, action: AdminAction, reason: str) -> ServerView:
+        server = self.manager.admin(server_id, action, reason)
+        return self._server_view(server, self._members())
+
+
+_CONFORMS: Callable[[Manager], ManagerControl] = Control  # mypy checks Control is one
