@@ -86,6 +86,12 @@ def _pdns_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(args: argparse.Namespace) -> int:
+    from agents.agent import main as agent_main  # noqa: PLC0415
+
+    return agent_main(args.config)
+
+
 def _manager(args: argparse.Namespace) -> int:
     import asyncio  # noqa: PLC0415
     import signal  # noqa: PLC0415
@@ -216,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     pdns.add_argument("--threads", type=int, default=2, help="distributor threads (default 2)")
     pdns.add_argument("--socket-dir", default="/run/pdns", help="pdns control socket directory")
     pdns.set_defaults(handler=_pdns_config)
+
+    agent = commands.add_parser(
+        "agent", help="the agent of a cache server: reports its utilization to the manager"
+    )
+    agent.add_argument("--config", required=True, metavar="FILE", help="agent configuration")
+    agent.set_defaults(handler=_agent)
 
     manager = commands.add_parser("manager", help="run the manager (reports in, plan out)")
     manager.add_argument("--config", required=True, help="manager configuration (YAML)")
