@@ -28,17 +28,20 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 DEFAULT_USER_DATA = """\
 #!/bin/sh
-# Written by the dnslb manager at launch: who this server is and how its agent reports.
+# Written by the dnslb manager at launch: this server's identity and its agent's token. The image
+# provides /etc/dnslb/agent-source.yaml (the agent's source: section) and dnslb-agent.service.
 set -eu
+dir=/etc/dnslb
 umask 077
-mkdir -p /etc/dnslb
-cat > /etc/dnslb/agent.env <<'EOF'
-DNSLB_SERVER_ID={{server_id}}
-DNSLB_POOL={{pool}}
-DNSLB_MANAGER_URL={{manager_url}}
-DNSLB_AGENT_TOKEN_FILE=/etc/dnslb/agent.token
-EOF
-printf '%s\\n' '{{agent_token}}' > /etc/dnslb/agent.token
+mkdir -p "$dir"
+printf '%s\\n' '{{agent_token}}' > "$dir/agent.token"
+{
+  echo '# pool {{pool}}: written at launch by the dnslb manager'
+  echo 'server_id: "{{server_id}}"'
+  echo 'manager_url: "{{manager_url}}"'
+  echo "token: file:$dir/agent.token"
+  cat "$dir/agent-source.yaml"
+} > "$dir/agent.yaml"
 systemctl enable --now dnslb-agent.service
 """
 """The script servers get when a provider's ``user_data`` is not set (docs/cloud.md)."""

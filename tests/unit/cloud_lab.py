@@ -22,7 +22,7 @@ from dnslb.model import ServerState
 from manager.config import load_manager_config
 from manager.service import Manager
 
-_TOKEN_LINE = re.compile(r"printf '%s\\n' '([^']+)' > /etc/dnslb/agent.token")
+_TOKEN_LINE = re.compile(r"printf '%s\\n' '([^']+)' > \"\$dir/agent.token\"")
 
 
 def token_in_user_data(user_data: str) -> str | None:

@@ -205,8 +205,8 @@ def test_launch_tags_the_instance_and_hands_the_token_over_in_user_data(
     assert raw["ClientToken"] == client_token("www-0001", "t3.micro", None)
     script = user_data_of(aws, raw["InstanceId"])
     assert token_in_user_data(script) == "s3cret-agent-token"
-    assert "DNSLB_SERVER_ID=www-0001" in script
-    assert f"DNSLB_MANAGER_URL={MANAGER_URL}" in script
+    assert 'server_id: "www-0001"' in script
+    assert f'manager_url: "{MANAGER_URL}"' in script
     volume_ids = [m["Ebs"]["VolumeId"] for m in raw["BlockDeviceMappings"]]
     for volume in aws.describe_volumes(VolumeIds=volume_ids)["Volumes"]:
         assert {"Key": "dnslb:pool", "Value": "www"} in volume["Tags"]

@@ -388,7 +388,7 @@ def test_launch_creates_a_marked_server_and_hands_the_token_over_in_user_data(
     }
     script = cloud.servers[launched.ref]["user_data"]
     assert token_in_user_data(script) == "s3cret-agent-token"
-    assert f"DNSLB_MANAGER_URL={MANAGER_URL}" in script
+    assert f'manager_url: "{MANAGER_URL}"' in script
     assert cloud.passwords == ["not-a-real-password"]  # from clouds.yaml, not from dnslb
 
 
