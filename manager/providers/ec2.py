@@ -60,7 +60,11 @@ from manager.providers.userdata import render_user_data, template_problems
 
 if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client
-    from mypy_boto3_ec2.type_defs import InstanceTypeDef, ReservationResponseTypeDef
+    from mypy_boto3_ec2.type_defs import (
+        FilterTypeDef,
+        InstanceTypeDef,
+        ReservationResponseTypeDef,
+    )
 
     RunInstancesResult = ReservationResponseTypeDef
 
@@ -322,10 +326,14 @@ class Ec2Provider(Provider):
                     f"{code}: {_message(exc)}"
                 ) from None
             raw = response["Instances"][0]
-            self._launched[raw["InstanceId"]] = self.context.clock.monotonic()
+            now = self.context.clock.monotonic()
+            self._launched = {
+                ref: at for ref, at in self._launched.items() if now - at < VISIBILITY_GRACE
+            }
+            self._launched[raw["InstanceId"]] = now
             return self._instance(raw)
         raise ProviderError(
-            f"no EC2 capacity for {request.server_id}: every instance type and subnet failed: "
+            f"EC2 could not launch {request.server_id} on any instance type and subnet: "
             + "; ".join(failures),
             retryable=True,
         )
@@ -385,17 +393,17 @@ class Ec2Provider(Provider):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _owner_filters(self) -> list[dict[str, Any]]:
+    def _owner_filters(self) -> list[FilterTypeDef]:
         return [
             {"Name": f"tag:{TAG_POOL}", "Values": [self.context.pool]},
             {"Name": f"tag:{TAG_MANAGED_BY}", "Values": [self.config.managed_by]},
             {"Name": "instance-state-name", "Values": _LISTED_STATES},
         ]
 
-    async def _list(self, filters: list[dict[str, Any]]) -> list[Instance]:
+    async def _list(self, filters: list[FilterTypeDef]) -> list[Instance]:
         def every_page(client: EC2Client) -> list[InstanceTypeDef]:
             found: list[InstanceTypeDef] = []
-            for page in client.get_paginator("describe_instances").paginate(Filters=filters):  # type: ignore[arg-type]
+            for page in client.get_paginator("describe_instances").paginate(Filters=filters):
                 for reservation in page["Reservations"]:
                     found.extend(reservation["Instances"])
             return found
@@ -410,7 +418,8 @@ class Ec2Provider(Provider):
 
     async def _find_server(self, server_id: str) -> Instance | None:
         """The instance already launched for ``server_id``, if there is one."""
-        filters = [*self._owner_filters(), {"Name": f"tag:{TAG_SERVER}", "Values": [server_id]}]
+        mine: FilterTypeDef = {"Name": f"tag:{TAG_SERVER}", "Values": [server_id]}
+        filters = [*self._owner_filters(), mine]
         found = await self._list(filters)
         return found[0] if found else None
 

@@ -496,7 +496,7 @@ def test_when_every_subnet_and_type_fails_the_error_names_each(tmp_path: Path) -
     with pytest.raises(ProviderError) as caught:
         asyncio.run(provider.launch(request()))
     message = str(caught.value)
-    assert message.startswith("no EC2 capacity for www-0001: every instance type and subnet")
+    assert message.startswith("EC2 could not launch www-0001 on any instance type and subnet")
     for pair in ("c5.large, subnet-a", "c5.large, subnet-b", "m5.large, subnet-b"):
         assert f"{pair}: InsufficientInstanceCapacity" in message
     assert caught.value.retryable
