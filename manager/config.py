@@ -19,8 +19,10 @@ from dnslb.plan import STATIC_TYPES
 from dnslb.policy import PoolPolicy
 from dnslb.scaling import ScalingPolicy
 from manager.clusters import ClusterNode, ClusterSettings
+from manager.providers.ec2 import Ec2ProviderConfig
 from manager.providers.local import LocalProviderConfig
 from manager.providers.memory import MemoryProviderConfig
+from manager.providers.openstack import OpenStackProviderConfig
 from manager.providers.static import StaticProviderConfig
 
 
@@ -285,7 +287,13 @@ class LifecycleConfig:
     )
 
 
-ProviderConfig = StaticProviderConfig | MemoryProviderConfig | LocalProviderConfig
+ProviderConfig = (
+    StaticProviderConfig
+    | MemoryProviderConfig
+    | LocalProviderConfig
+    | Ec2ProviderConfig
+    | OpenStackProviderConfig
+)
 """Every provider's configuration, told apart by ``type``."""
 
 

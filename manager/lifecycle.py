@@ -191,7 +191,8 @@ class PoolLifecycle:
         try:
             while instance.status is not InstanceStatus.RUNNING or not instance.address:
                 if instance.status is InstanceStatus.GONE:
-                    raise ProviderError(f"instance {instance.ref} disappeared while booting")
+                    why = f" ({instance.detail})" if instance.detail else ""
+                    raise ProviderError(f"instance {instance.ref} disappeared while booting{why}")
                 if self.clock.monotonic() - started > self.config.warming_timeout:
                     raise ProviderError(
                         f"not running after {self.config.warming_timeout:g} s ({instance.detail})"
@@ -264,21 +265,30 @@ class PoolLifecycle:
         id before they are recorded as done) or recorded as failed if not; instances the state
         does not know are adopted or terminated, as configured. Nothing is left running unknown.
         """
-        wall = self.clock.time()
+        listed_at = self.clock.time()
         try:
             owned = await self.provider.list_owned()
         except ProviderError as exc:
-            self.fleet.log(wall, "reconcile_failed", str(exc), pool=self.pool.name)
+            self.fleet.log(listed_at, "reconcile_failed", str(exc), pool=self.pool.name)
             return
+        wall = self.clock.time()
         by_ref = {instance.ref: instance for instance in owned}
         by_server = {instance.server_id: instance for instance in owned if instance.server_id}
         matched: set[str] = set()
         for server in list(self.pool.servers.values()):
-            if server.record.origin != self.provider.kind or server.id in self.launching:
-                continue
-            if server.id in self.terminating:
+            if server.record.origin != self.provider.kind:
                 continue
             found = by_ref.get(server.record.provider_ref or "") or by_server.get(server.id)
+            if (
+                server.id in self.launching
+                or server.id in self.terminating
+                or server.record.state_since >= listed_at
+            ):
+                # A task of ours is on it, or it changed while the (slow) listing ran: the
+                # listing may predate its instance. Its instance is its own, not unknown.
+                if found is not None:
+                    matched.add(found.ref)
+                continue
             if found is None or found.status is InstanceStatus.GONE:
                 if server.state is ServerState.LAUNCHING and not server.record.provider_ref:
                     self._terminated(server, "its launch was cut short by a manager restart")

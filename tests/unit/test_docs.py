@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from dnslb.docgen import DOCS, stale_docs
 from manager.config import load_manager_config
+from manager.providers.userdata import DEFAULT_USER_DATA
 
 
 def test_configuration_references_are_current() -> None:
@@ -29,3 +31,45 @@ def test_the_manager_example_configuration_loads(
     path.write_text(example)
     loaded = load_manager_config(path)
     assert [pool.dns_name for pool in loaded.config.pools] == ["www.example.com"]
+
+
+def _fenced(doc: Path, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", doc.read_text(), re.DOTALL)
+
+
+def test_the_cloud_example_configurations_load(tmp_path: Path) -> None:
+    examples = [block for block in _yaml_blocks(DOCS / "cloud.md") if "zones:" in block]
+    kinds = []
+    for number, example in enumerate(examples):
+        path = tmp_path / f"manager-{number}.yaml"
+        path.write_text(example)
+        for pool in load_manager_config(path).config.pools:
+            assert pool.provider is not None
+            kinds.append(pool.provider.type)
+    assert kinds == ["ec2", "ec2", "openstack"]
+
+
+def test_the_cloud_docs_show_the_user_data_servers_really_get() -> None:
+    script = _fenced(DOCS / "cloud.md", "sh")[0]  # the first: the default user data
+    assert script == DEFAULT_USER_DATA
+
+
+def test_the_iam_policy_and_clouds_yaml_examples_are_valid(tmp_path: Path) -> None:
+    from openstack.config.loader import OpenStackConfig  # noqa: PLC0415 - slow to import
+
+    [policy] = _fenced(DOCS / "cloud.md", "json")
+    statements = json.loads(policy)["Statement"]
+    actions = {statement["Action"] for statement in statements}
+    assert actions == {
+        "ec2:DescribeInstances",
+        "ec2:RunInstances",
+        "ec2:CreateTags",
+        "ec2:TerminateInstances",
+        "iam:PassRole",
+    }
+    [clouds] = [block for block in _yaml_blocks(DOCS / "cloud.md") if "clouds:" in block]
+    path = tmp_path / "clouds.yaml"
+    path.write_text(clouds)
+    region = OpenStackConfig(config_files=[str(path)]).get_one("dnslb")
+    assert region.config["auth_type"] == "v3applicationcredential"
+    assert region.get_region_name() == "RegionOne"

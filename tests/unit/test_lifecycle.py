@@ -298,3 +298,41 @@ def test_reconcile_can_adopt_unknown_instances(tmp_path: Path) -> None:
         assert stray.ref in lab.provider.machines
 
     run(scenario)
+
+
+def test_reconcile_leaves_a_booting_server_alone(tmp_path: Path) -> None:
+    """A reconcile while a server boots sees its instance: it is the server's, not unknown."""
+
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("reconcile_interval: 1000", "reconcile_interval: 1"))
+        await lab.run(12, 10)  # boots in 5 s, with a reconcile every second meanwhile
+        [server] = lab.servers(ServerState.ACTIVE)
+        assert lab.events("unknown_instance") == []
+        assert not [call for call in lab.provider.calls if call.startswith("terminate")]
+        assert lab.manager.fleet.servers[server].record.provider_ref in lab.provider.machines
+
+    run(scenario)
+
+
+def test_reconcile_does_not_judge_a_server_on_a_listing_older_than_its_launch(
+    tmp_path: Path,
+) -> None:
+    """A listing taken before a launch finished must not make the launched server vanish."""
+
+    async def scenario() -> None:
+        lab = Lab(tmp_path)
+        provider = lab.provider
+        listed = provider.list_owned
+
+        async def slow_list_owned() -> list[Any]:
+            snapshot = await listed()  # before the first launch: empty
+            await lab.clock.sleep(7)  # a slow, paginated, throttled listing
+            return snapshot
+
+        provider.list_owned = slow_list_owned  # type: ignore[method-assign]
+        await lab.run(10, 10)  # the server runs at 5 s; the stale listing returns at 7 s
+        [server] = lab.servers(ServerState.WARMING, ServerState.ACTIVE)
+        assert lab.manager.fleet.servers[server].record.provider_ref in provider.machines
+        assert not [e for e in lab.events("state") if "no longer exists" in e]
+
+    run(scenario)
