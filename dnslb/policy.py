@@ -54,7 +54,9 @@ class PoolPolicy:
         help="answer when no server is eligible: fail_open, least_loaded, nodata",
     )
     ttl_function: str = setting("linear", help="TTL curve: linear or convex")
-    weight_function: str = setting("spare", help="weight curve: spare or spare_squared")
+    weight_function: str = setting(
+        "spare", help="weight curve: spare, spare_squared or equal (plain round-robin)"
+    )
 
     def config_problems(self) -> Iterator[str]:
         if self.ttl_min > self.ttl_max:
@@ -118,9 +120,14 @@ def _spare_squared(utilization: float) -> float:
     return max(0.0, 1.0 - utilization) ** 2
 
 
+def _equal(utilization: float) -> float:
+    return 1.0
+
+
 WEIGHT_FUNCTIONS: dict[str, Callable[[float], float]] = {
     "spare": _spare,
     "spare_squared": _spare_squared,
+    "equal": _equal,  # plain round-robin: every serving server alike, whatever its load
 }
 
 
@@ -164,3 +171,38 @@ def member_ttl(utilization: float, policy: PoolPolicy) -> int:
     fraction = (utilization - knee) / (policy.th_over - knee)
     drop = TTL_FUNCTIONS[policy.ttl_function](fraction)
     return round(policy.ttl_max - drop * (policy.ttl_max - policy.ttl_min))
+
+
+@dataclass(frozen=True, slots=True)
+class MemberValues:
+    """What the plan carries for one member: utilization, weight and TTL, rounded as published."""
+
+    utilization: float
+    weight: float
+    ttl: int
+
+
+def member_values(
+    utilization: float | None,
+    max_concurrency: int | None,
+    serving_for: float,
+    policy: PoolPolicy,
+    *,
+    answered: bool,
+) -> MemberValues:
+    """A member's plan values; the manager's planner and the simulator both build members so.
+
+    ``utilization`` is the smoothed average (None before the first report) and is rounded to
+    thousandths before weight and TTL are computed from it, so a plan read back gives the same
+    values. A member that is not ``answered`` (paused, down, draining) gets weight 0 and the
+    TTL floor ``ttl_min``; an answered one its :func:`member_weight` (rounded to hundredths, as
+    plans carry it) and :func:`member_ttl`. A server that has not said its max concurrency
+    counts as 1.
+    """
+    rounded = round(utilization, 3) if utilization is not None else 0.0
+    if not answered:
+        return MemberValues(utilization=rounded, weight=0.0, ttl=policy.ttl_min)
+    weight = member_weight(rounded, max_concurrency or 1, serving_for, policy)
+    return MemberValues(
+        utilization=rounded, weight=round(weight, 2), ttl=member_ttl(rounded, policy)
+    )
