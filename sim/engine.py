@@ -113,12 +113,11 @@ class Simulation:
         self.attempt = [0] * users
         self.first_at = [0.0] * users
         self.retry_server = [-1] * users
-        self.ignores = [
-            self.rng_users.random() < scenario.clients.ignore_ttl for _ in range(users)
-        ]
+        self.ignores = [self.rng_users.random() < scenario.clients.ignore_ttl for _ in range(users)]
         self.pin_server = [-1] * users
         self.pin_until = [0.0] * users
         resolvers = scenario.resolvers.count
+        self.resolver_of = _resolver_of(users, scenario, self.rng_users)
         self.res_answer: list[tuple[int, ...]] = [()] * resolvers
         self.res_expires = [-math.inf] * resolvers
         self.res_turn = [0] * resolvers
@@ -240,7 +239,7 @@ class Simulation:
         histogram = self.histogram
         tick_response = self.tick_response
         tick_requests = self.tick_requests
-        resolvers = scenario.resolvers.count
+        resolver_of = self.resolver_of
         order = scenario.resolvers.order
         cyclic = order == "cyclic"
         shuffled = order == "random" or clients.connect_to == "random"
@@ -283,7 +282,7 @@ class Simulation:
                 if ignores[user] and pin_until[user] > now:
                     target = pin_server[user]
                 else:
-                    resolver = user % resolvers
+                    resolver = resolver_of[user]
                     if res_expires[resolver] <= now:
                         self.now = now
                         self._query(resolver, now)
@@ -316,7 +315,7 @@ class Simulation:
                 else:
                     slots = server.slots
                     start = slots[0]
-                    if start < now:
+                    if start < now:  # noqa: PLR1730  (max() costs a call in the hot loop)
                         start = now
                     if distribution == "exponential":
                         work = -mean * log(1.0 - service_random())
@@ -329,7 +328,7 @@ class Simulation:
                     started = first_at[user]
                     heappush(out, (finish, user, started))
                     response = finish - started
-                    if response > timeout:
+                    if response > timeout:  # noqa: PLR1730  (as above)
                         response = timeout
                     histogram[int(response * inv_step)] += 1
                     total += response
@@ -426,9 +425,7 @@ class Simulation:
             for server in self.servers
             if server.state.counts_as_capacity
         ]
-        self.history.add(
-            sample_pool(views, now), keep=max(scaling.window, scaling.scale_in_window)
-        )
+        self.history.add(sample_pool(views, now), keep=max(scaling.window, scaling.scale_in_window))
         decision = decide(self.history, views, scaling, now)
         record(self.history, decision, now)
         for _ in range(decision.launch):
@@ -551,6 +548,11 @@ class Simulation:
         heapq.heapify(controls)
         recoveries: dict[int, list[_Server]] = {}
         self._tick(0.0)
+        if scenario.resolvers.staggered:
+            ttl_max = self.policy.ttl_max
+            for resolver in range(scenario.resolvers.count):
+                self._query(resolver, 0.0)
+                self.res_expires[resolver] = self.rng_dns.uniform(0.0, ttl_max)
         self._set_users(0.0)
         ticks = 1
         next_tick = tick
@@ -571,8 +573,12 @@ class Simulation:
                     if failure.recover_after is not None:
                         heapq.heappush(
                             controls,
-                            (until + failure.recover_after, len(controls) + 1000, "recover",
-                             argument),
+                            (
+                                until + failure.recover_after,
+                                len(controls) + 1000,
+                                "recover",
+                                argument,
+                            ),
                         )
                 else:
                     for server in recoveries.pop(argument, []):
@@ -589,8 +595,7 @@ class Simulation:
         scenario = self.scenario
         stats = ResponseStats.from_histogram(self.histogram, self.total_response)
         cost = sum(
-            (server.terminated_at if server.terminated_at is not None else end)
-            - server.created_at
+            (server.terminated_at if server.terminated_at is not None else end) - server.created_at
             for server in self.servers
         )
         requests = stats.count
@@ -613,9 +618,7 @@ class Simulation:
             p50=stats.percentile(0.5),
             p99=stats.percentile(0.99),
             dns_queries=self.dns_queries,
-            peak_servers=max(
-                (sum(counts[:4]) for counts in self.series_counts), default=0
-            ),
+            peak_servers=max((sum(counts[:4]) for counts in self.series_counts), default=0),
             simulated=end,
             events=self.events_done,
         )
@@ -638,12 +641,20 @@ class Simulation:
                 for i in range(count)
             ),
             mean_response=tuple(
-                self.tick_response[i] / self.tick_requests[i]
-                if self.tick_requests[i]
-                else math.nan
+                self.tick_response[i] / self.tick_requests[i] if self.tick_requests[i] else math.nan
                 for i in range(count)
             ),
         )
+
+
+def _resolver_of(users: int, scenario: Scenario, rng: random.Random) -> list[int]:
+    """Each user's resolver: round-robin for equal resolvers, else drawn by size."""
+    count = scenario.resolvers.count
+    skew = scenario.resolvers.skew
+    if skew == 0:
+        return [user % count for user in range(users)]
+    sizes = [1.0 / (resolver + 1) ** skew for resolver in range(count)]
+    return rng.choices(range(count), weights=sizes, k=users)
 
 
 def simulate(scenario: Scenario, seed: int | None = None) -> RunResult:

@@ -170,7 +170,12 @@ def table(rows: Sequence[RunResult], *, title: str | None = None) -> str:
     lines = []
     if title:
         lines.append(title)
-    lines.append("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))))
+    lines.append(
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    )
     for cells in body:
         lines.append(
             "  ".join(

@@ -97,8 +97,7 @@ class ClientConfig:
 
 @dataclass(frozen=True, slots=True)
 class ResolverConfig:
-    """The caching resolvers between clients and the DNS: client ``i`` uses resolver
-    ``i mod count``."""
+    """The caching resolvers between clients and the DNS (each user keeps one)."""
 
     count: int = setting(12, help="caching resolvers (the paper's lab had 12)", min=1)
     order: Literal["fixed", "cyclic", "random"] = setting(
@@ -107,6 +106,17 @@ class ResolverConfig:
         "one step per client query (BIND's cyclic, Unbound's rrset-roundrobin), or shuffled",
     )
     min_ttl: int = setting(0, help="resolvers cache an answer at least this long", min=0)
+    skew: float = setting(
+        0.0,
+        help="resolver sizes: resolver r gets users in proportion to 1 / (r + 1) ** skew "
+        "(0: equal; 1: Zipf, a few big public resolvers and many small ones)",
+        min=0.0,
+    )
+    staggered: bool = setting(
+        True,
+        help="resolvers start with an answer cached at a random moment of the last ttl_max "
+        "seconds, as resolvers in the wild are out of phase (false: all start empty together)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +313,8 @@ def _merge(base: yaml.MappingNode, override: yaml.MappingNode) -> yaml.MappingNo
             pairs.append((key_node, value_node))
             continue
         old = pairs[position][1]
+        merged = value_node
         if isinstance(old, yaml.MappingNode) and isinstance(value_node, yaml.MappingNode):
-            value_node = _merge(old, value_node)
-        pairs[position] = (key_node, value_node)
+            merged = _merge(old, value_node)
+        pairs[position] = (key_node, merged)
     return yaml.MappingNode(base.tag, pairs, override.start_mark, override.end_mark)
