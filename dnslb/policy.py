@@ -6,11 +6,13 @@ Per server and tick (DESIGN section 4):
   average and decides *pause with hysteresis*: a server pauses as soon as either the sample or the
   average is above ``th_over`` (react to overload at once) and resumes only when both are below
   ``th_over - hysteresis`` (come back carefully).
-- :func:`member_weight` is the spare capacity, ``max_concurrency * (1 - u)``, never below a small
-  floor, ramped up over ``slow_start`` seconds for a server just added.
-- :func:`member_ttl` is ``ttl_max`` while the server is lightly loaded and falls linearly to
-  ``ttl_min`` as utilization approaches ``th_over``: clients of a busy server come back sooner, so
-  a pause or a new server takes effect quickly, while lightly loaded servers keep long TTLs.
+- :func:`member_weight` grows with the spare capacity: ``max_concurrency * (1 - u) ** 2`` by
+  default (``spare_squared``), never below a small floor, ramped up over ``slow_start`` seconds
+  for a server just added.
+- :func:`member_ttl` is ``ttl_max`` while the server is lightly loaded and falls (on a convex
+  curve by default) to ``ttl_min`` as utilization approaches ``th_over``: clients of a busy
+  server come back sooner, so a pause or a new server takes effect quickly, while lightly loaded
+  servers keep long TTLs.
 
 The simulator compares variants of these functions; :data:`TTL_FUNCTIONS` and
 :data:`WEIGHT_FUNCTIONS` name them, and a pool picks one in its policy.
@@ -53,9 +55,15 @@ class PoolPolicy:
         Fallback.FAIL_OPEN,
         help="answer when no server is eligible: fail_open, least_loaded, nodata",
     )
-    ttl_function: str = setting("linear", help="TTL curve: linear or convex")
+    ttl_function: str = setting(
+        "convex",
+        help="TTL curve from ttl_max at the knee to ttl_min at th_over: linear or convex "
+        "(convex keeps TTLs long until the load is near th_over; chosen by docs/simulation.md)",
+    )
     weight_function: str = setting(
-        "spare", help="weight curve: spare, spare_squared or equal (plain round-robin)"
+        "spare_squared",
+        help="weight from utilization u: spare (1 - u), spare_squared ((1 - u)^2, favours idle "
+        "servers more; chosen by docs/simulation.md) or equal (plain round-robin)",
     )
 
     def config_problems(self) -> Iterator[str]:

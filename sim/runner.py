@@ -30,7 +30,7 @@ SUITES: dict[str, tuple[str, ...]] = {
         "paper-table3.yaml",
         "paper-table4.yaml",
     ),
-    "goals": ("goals-round-robin.yaml", "goals-fixed-ttl.yaml", "goals-balance.yaml"),
+    "goals": ("goals-round-robin.yaml", "goals-fixed-ttl.yaml", "step-load.yaml"),
     "scenarios": ("step-load.yaml", "flash-crowd.yaml", "failure.yaml", "plain-round-robin.yaml"),
 }
 """Named sets of the shipped scenario files (``dnslb sim --suite NAME``)."""

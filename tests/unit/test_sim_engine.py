@@ -142,9 +142,8 @@ def test_paused_servers_are_left_out_of_answers() -> None:
 
 
 def test_weights_follow_spare_capacity() -> None:
-    simulation = Simulation(
-        scenario(SMALL.replace("initial: 2", "initial: 2"), "dns: {policy: {k: 1}}\n")
-    )
+    extra = "dns: {policy: {k: 1, weight_function: spare}}\n"
+    simulation = Simulation(scenario(SMALL, extra))
     _plan_at(simulation, [0.75, 0.0], [False, False])
     firsts = [servers[0] for servers, _ in simulation.answers]
     # spare capacity 0.25 against 1.0: the idle server is first in four answers out of five
