@@ -1,6 +1,6 @@
 """Simulator benchmark: how long the full paper replay and the 1,000-server run take.
 
-Run: ``.venv/bin/python bench/sim.py`` (``--quick`` skips the big run).
+Run: ``.venv/bin/python bench/simulator.py`` (``--quick`` skips the big run).
 
 1. **Paper replay**: every case of the paper's tables 1-4 (``dnslb sim --suite paper``, no
    plots), on all CPUs as the command does. Goal: < 60 s.
