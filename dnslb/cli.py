@@ -191,6 +191,12 @@ def _node_agent(args: argparse.Namespace) -> int:
     return run(config)
 
 
+def _sim(args: argparse.Namespace) -> int:
+    from sim.runner import main  # noqa: PLC0415
+
+    return main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dnslb", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dnslb {__version__}")
@@ -306,6 +312,22 @@ def build_parser() -> argparse.ArgumentParser:
         "below the manager's failover_after) (default %(default)s)",
     )
     node.set_defaults(handler=_node_agent)
+
+    sim = commands.add_parser(
+        "sim", help="simulate scenarios with the product's policy (e.g. --suite paper)"
+    )
+    sim.add_argument(
+        "scenarios", nargs="*", metavar="SCENARIO", help="scenario files (or shipped names)"
+    )
+    sim.add_argument("--suite", help="run a named set of shipped scenarios: paper, goals...")
+    sim.add_argument("--seed", type=int, help="seed every run with this (default: its own)")
+    sim.add_argument(
+        "--repeat", type=int, default=1, help="runs per case with successive seeds, averaged"
+    )
+    sim.add_argument("--out", help="directory for results and plots")
+    sim.add_argument("--no-plots", action="store_true", help="write results without plots")
+    sim.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPUs)")
+    sim.set_defaults(handler=_sim)
     return parser
 
 

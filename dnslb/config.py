@@ -306,7 +306,13 @@ def parse_config(
     text: str, schema: type[_T], *, source: str = "<config>", base: Path | None = None
 ) -> _T:
     """Build ``schema`` from YAML ``text``; raises :class:`ConfigError` with every problem."""
-    builder = _Builder(source, base)
+    return build_config(compose_config(text, source=source), schema, source=source, base=base)
+
+
+def compose_config(text: str, *, source: str = "<config>") -> yaml.MappingNode:
+    """Parse YAML ``text`` into nodes that keep their lines (an empty document is an empty
+    mapping), for callers that combine documents before building; :class:`ConfigError` when the
+    text is not YAML."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -318,7 +324,19 @@ def parse_config(
         ) from None
     if node is None:
         start = yaml.Mark(source, 0, 0, 0, "", 0)
-        node = yaml.MappingNode("tag:yaml.org,2002:map", [], start, start)
+        return yaml.MappingNode("tag:yaml.org,2002:map", [], start, start)
+    if not isinstance(node, yaml.MappingNode):
+        line = node.start_mark.line + 1
+        raise ConfigError("invalid configuration", [f"{source}, line {line}: must be a mapping"])
+    return node
+
+
+def build_config(
+    node: yaml.Node, schema: type[_T], *, source: str = "<config>", base: Path | None = None
+) -> _T:
+    """Build ``schema`` from composed YAML ``node``; raises :class:`ConfigError` with every
+    problem, each with ``source`` and its line."""
+    builder = _Builder(source, base)
     result = builder.dataclass(schema, node, "")
     if builder.problems or result is None:
         raise ConfigError("invalid configuration", sorted(builder.problems, key=_line_of))

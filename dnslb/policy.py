@@ -6,11 +6,13 @@ Per server and tick (DESIGN section 4):
   average and decides *pause with hysteresis*: a server pauses as soon as either the sample or the
   average is above ``th_over`` (react to overload at once) and resumes only when both are below
   ``th_over - hysteresis`` (come back carefully).
-- :func:`member_weight` is the spare capacity, ``max_concurrency * (1 - u)``, never below a small
-  floor, ramped up over ``slow_start`` seconds for a server just added.
-- :func:`member_ttl` is ``ttl_max`` while the server is lightly loaded and falls linearly to
-  ``ttl_min`` as utilization approaches ``th_over``: clients of a busy server come back sooner, so
-  a pause or a new server takes effect quickly, while lightly loaded servers keep long TTLs.
+- :func:`member_weight` grows with the spare capacity: ``max_concurrency * (1 - u) ** 2`` by
+  default (``spare_squared``), never below a small floor, ramped up over ``slow_start`` seconds
+  for a server just added.
+- :func:`member_ttl` is ``ttl_max`` while the server is lightly loaded and falls (on a convex
+  curve by default) to ``ttl_min`` as utilization approaches ``th_over``: clients of a busy
+  server come back sooner, so a pause or a new server takes effect quickly, while lightly loaded
+  servers keep long TTLs.
 
 The simulator compares variants of these functions; :data:`TTL_FUNCTIONS` and
 :data:`WEIGHT_FUNCTIONS` name them, and a pool picks one in its policy.
@@ -53,8 +55,16 @@ class PoolPolicy:
         Fallback.FAIL_OPEN,
         help="answer when no server is eligible: fail_open, least_loaded, nodata",
     )
-    ttl_function: str = setting("linear", help="TTL curve: linear or convex")
-    weight_function: str = setting("spare", help="weight curve: spare or spare_squared")
+    ttl_function: str = setting(
+        "convex",
+        help="TTL curve from ttl_max at the knee to ttl_min at th_over: linear or convex "
+        "(convex keeps TTLs long until the load is near th_over; chosen by docs/simulation.md)",
+    )
+    weight_function: str = setting(
+        "spare_squared",
+        help="weight from utilization u: spare (1 - u), spare_squared ((1 - u)^2, favours idle "
+        "servers more; chosen by docs/simulation.md) or equal (plain round-robin)",
+    )
 
     def config_problems(self) -> Iterator[str]:
         if self.ttl_min > self.ttl_max:
@@ -118,9 +128,14 @@ def _spare_squared(utilization: float) -> float:
     return max(0.0, 1.0 - utilization) ** 2
 
 
+def _equal(utilization: float) -> float:
+    return 1.0
+
+
 WEIGHT_FUNCTIONS: dict[str, Callable[[float], float]] = {
     "spare": _spare,
     "spare_squared": _spare_squared,
+    "equal": _equal,  # plain round-robin: every serving server alike, whatever its load
 }
 
 
@@ -164,3 +179,38 @@ def member_ttl(utilization: float, policy: PoolPolicy) -> int:
     fraction = (utilization - knee) / (policy.th_over - knee)
     drop = TTL_FUNCTIONS[policy.ttl_function](fraction)
     return round(policy.ttl_max - drop * (policy.ttl_max - policy.ttl_min))
+
+
+@dataclass(frozen=True, slots=True)
+class MemberValues:
+    """What the plan carries for one member: utilization, weight and TTL, rounded as published."""
+
+    utilization: float
+    weight: float
+    ttl: int
+
+
+def member_values(
+    utilization: float | None,
+    max_concurrency: int | None,
+    serving_for: float,
+    policy: PoolPolicy,
+    *,
+    answered: bool,
+) -> MemberValues:
+    """A member's plan values; the manager's planner and the simulator both build members so.
+
+    ``utilization`` is the smoothed average (None before the first report) and is rounded to
+    thousandths before weight and TTL are computed from it, so a plan read back gives the same
+    values. A member that is not ``answered`` (paused, down, draining) gets weight 0 and the
+    TTL floor ``ttl_min``; an answered one its :func:`member_weight` (rounded to hundredths, as
+    plans carry it) and :func:`member_ttl`. A server that has not said its max concurrency
+    counts as 1.
+    """
+    rounded = round(utilization, 3) if utilization is not None else 0.0
+    if not answered:
+        return MemberValues(utilization=rounded, weight=0.0, ttl=policy.ttl_min)
+    weight = member_weight(rounded, max_concurrency or 1, serving_for, policy)
+    return MemberValues(
+        utilization=rounded, weight=round(weight, 2), ttl=member_ttl(rounded, policy)
+    )

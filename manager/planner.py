@@ -26,7 +26,7 @@ from dnslb.plan import (
     parse_plan,
     plan_to_dict,
 )
-from dnslb.policy import member_ttl, member_weight
+from dnslb.policy import member_values
 from manager.config import PoolConfig, RecordConfig, ZoneConfig
 from manager.fleet import PoolRuntime, ServerRuntime
 
@@ -85,7 +85,6 @@ def plan_member(
     """The server as a plan member, or None when it has no place in the plan yet (or any more)."""
     state = server.state
     load = server.load
-    utilization = round(load.utilization, 3) if load is not None else 0.0
     if state is ServerState.ACTIVE:
         if eligible(server, now=now, down_after=down_after):
             member_state = MemberState.ACTIVE
@@ -97,20 +96,21 @@ def plan_member(
         member_state = _PLAN_STATES[state]
     else:
         return None
-    policy = pool.policy
-    weight = 0.0
-    ttl = policy.ttl_min
-    if member_state is MemberState.ACTIVE:
-        serving_for = wall - (server.record.serving_since or wall)
-        weight = member_weight(utilization, server.max_concurrency or 1, serving_for, policy)
-        ttl = member_ttl(utilization, policy)
+    serving_for = wall - (server.record.serving_since or wall)
+    values = member_values(
+        load.utilization if load is not None else None,
+        server.max_concurrency,
+        serving_for,
+        pool.policy,
+        answered=member_state is MemberState.ACTIVE,
+    )
     return Member(
         id=server.id,
         address=server.record.address,
-        weight=round(weight, 2),
-        ttl=ttl,
+        weight=values.weight,
+        ttl=values.ttl,
         state=member_state,
-        utilization=utilization,
+        utilization=values.utilization,
     )
 
 

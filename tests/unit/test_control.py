@@ -86,7 +86,7 @@ def test_views_describe_pools_servers_and_the_plan(tmp_path: Path) -> None:
     assert pool.mean_ttl == 60
     server = lab.control.server("s1")
     assert server.state is ServerState.ACTIVE
-    assert server.weight == 90.0 and server.ttl == 60
+    assert server.weight == 81.0 and server.ttl == 60  # spare_squared: 100 x (1 - 0.1)^2
     assert server.utilization == pytest.approx(0.1)
     plan = lab.control.plan()
     assert plan is not None and plan.plan.version >= 1

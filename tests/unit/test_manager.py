@@ -32,7 +32,8 @@ pools:
   - name: www
     zone: example.test
     policy:
-      {k: 2, th_over: 0.8, hysteresis: 0.1, ttl_max: 60, ttl_min: 5, slow_start: 0, smoothing: 0}
+      {k: 2, th_over: 0.8, hysteresis: 0.1, ttl_max: 60, ttl_min: 5, slow_start: 0, smoothing: 0,
+       weight_function: spare}
     members:
       - {id: s1, address: 10.0.0.1}
       - {id: s2, address: 10.0.0.2}

@@ -18,7 +18,15 @@ from dnslb.policy import (
     update_load,
 )
 
-POLICY = PoolPolicy(th_over=0.8, hysteresis=0.1, ttl_max=60, ttl_min=5, ttl_knee=0.5)
+POLICY = PoolPolicy(
+    th_over=0.8,
+    hysteresis=0.1,
+    ttl_max=60,
+    ttl_min=5,
+    ttl_knee=0.5,
+    ttl_function="linear",
+    weight_function="spare",
+)
 
 
 @pytest.mark.parametrize(
@@ -107,6 +115,20 @@ def test_weight_is_spare_capacity_ramped_by_slow_start(
     utilization: float, serving_for: float, weight: float
 ) -> None:
     assert member_weight(utilization, 100, serving_for, POLICY) == pytest.approx(weight)
+
+
+def test_defaults_are_the_simulators_winners() -> None:
+    # docs/simulation.md: a convex TTL curve and squared spare capacity gave the same or better
+    # responses with longer TTLs than linear / spare.
+    policy = PoolPolicy()
+    assert (policy.ttl_function, policy.weight_function) == ("convex", "spare_squared")
+    assert member_ttl(0.6, policy) == 46  # 60 - 0.25 * 55 = 46.25: still long half-way up
+    assert member_weight(0.5, 100, 100.0, policy) == pytest.approx(25.0)
+
+
+def test_equal_weights_ignore_load() -> None:
+    policy = dataclasses.replace(POLICY, weight_function="equal")
+    assert member_weight(0.9, 100, 100.0, policy) == member_weight(0.0, 100, 100.0, policy)
 
 
 def test_spare_squared_favours_idle_servers_more() -> None:
