@@ -1,0 +1,103 @@
+"""One exception handler: the project's errors and bad requests become clear JSON answers.
+
+====================================  ======  =============================================
+exception                             status  body
+====================================  ======  =============================================
+:class:`dnslb.control.NotFound`       404     ``{"error": ...}``
+:class:`dnslb.control.Conflict`       409     ``{"error": ...}``
+:class:`dnslb.errors.ConfigError`     422     ``{"error", "problems": [{field, message}]}``
+request validation (FastAPI)          422     the same, one problem per field
+HTTP errors (405, 413, ...)           as is   ``{"error": ...}``
+any other :class:`DnslbError`         502     the manager could not carry it out
+====================================  ======  =============================================
+
+Every body is an :class:`api.models.ErrorBody`. Problems name the field they concern: a JSON path
+into the body (``members[0].address``) or the parameter (``limit``); a submitted value is never
+echoed back (it may be a secret).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from api.models import ErrorBody, Problem
+from dnslb.control import Conflict, NotFound
+from dnslb.errors import ConfigError, DnslbError
+
+log = logging.getLogger("dnslb.api")
+
+_WHERE = re.compile(r"^[^:]*, line \d+: ")  # "pool, line 3: " from the config builder
+_FIELD = re.compile(r"^([A-Za-z_@][\w@-]*(?:\[\d+\])*(?:\.[\w@-]+(?:\[\d+\])*)*): (.+)$", re.S)
+
+
+def problem_of(text: str) -> Problem:
+    """A config problem (``pool, line 3: members[0].id: ...``) as field and message."""
+    text = _WHERE.sub("", text, count=1)
+    match = _FIELD.match(text)
+    if match is None:
+        return Problem(field=None, message=text)
+    return Problem(field=match.group(1), message=match.group(2))
+
+
+def _location(loc: Sequence[Any]) -> str:
+    """FastAPI's error location as the client wrote it: ``members[0].id``, ``limit``."""
+    parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or (str(loc[0]) if loc else "body")
+
+
+def validation_problems(errors: Iterable[Mapping[str, Any]]) -> list[Problem]:
+    problems = []
+    for error in errors:
+        loc = tuple(error.get("loc", ()))
+        message = str(error.get("msg", "invalid"))
+        if error.get("type") == "json_invalid":
+            problems.append(Problem(field="body", message="not valid JSON"))
+            continue
+        if loc and loc[0] in ("query", "path", "header"):
+            message = f"{loc[0]} parameter: {message}"
+        problems.append(Problem(field=_location(loc), message=message))
+    return problems
+
+
+def _answer(status: int, error: str, problems: list[Problem] | None = None) -> JSONResponse:
+    body = ErrorBody(error=error, problems=problems or [])
+    headers = {"WWW-Authenticate": 'Bearer realm="dnslb"'} if status == 401 else None
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+async def handle_error(request: Request, exc: Exception) -> JSONResponse:
+    """The one handler; registered for every class it maps."""
+    if isinstance(exc, NotFound):
+        return _answer(404, str(exc))
+    if isinstance(exc, Conflict):
+        return _answer(409, str(exc))
+    if isinstance(exc, ConfigError):
+        return _answer(422, exc.what, [problem_of(problem) for problem in exc.problems])
+    if isinstance(exc, RequestValidationError):
+        return _answer(422, "invalid request", validation_problems(exc.errors()))
+    if isinstance(exc, HTTPException):
+        detail = exc.detail if isinstance(exc.detail, str) else "request refused"
+        return _answer(exc.status_code, detail)
+    if isinstance(exc, DnslbError):
+        log.error("%s %s failed: %s", request.method, request.url.path, exc)
+        return _answer(502, f"the manager could not carry it out: {exc}")
+    raise exc  # not ours: Starlette answers 500 and the error is logged once, there
+
+
+def install(app: FastAPI) -> None:
+    for kind in (DnslbError, RequestValidationError, HTTPException):
+        app.add_exception_handler(kind, handle_error)
