@@ -41,10 +41,12 @@ _FIELD = re.compile(r"^([A-Za-z_@][\w@-]*(?:\[\d+\])*(?:\.[\w@-]+(?:\[\d+\])*)*)
 def problem_of(text: str) -> Problem:
     """A config problem (``pool, line 3: members[0].id: ...``) as field and message."""
     text = _WHERE.sub("", text, count=1)
-    match = _FIELD.match(text)
-    if match is None:
-        return Problem(field=None, message=text)
-    return Problem(field=match.group(1), message=match.group(2))
+    field: str | None = None
+    # A rule of a nested object names its own key: "members[0]: address: ..." is members[0].address
+    while (match := _FIELD.match(text)) is not None:
+        field = f"{field}.{match.group(1)}" if field else match.group(1)
+        text = match.group(2)
+    return Problem(field=field, message=text)
 
 
 def _location(loc: Sequence[Any]) -> str:
