@@ -221,16 +221,14 @@ class RunningManager:
                 seq += 1
                 for server_id, token in reporting_tokens(manager).items():
                     body = report_body(server_id, seq, self.load(server_id, time.time()), seq * 7)
-                    answer = await client.post(
-                        "/v1/reports", content=body, headers=bearer(token)
-                    )
+                    answer = await client.post("/v1/reports", content=body, headers=bearer(token))
                     if answer.status_code == 204:
                         self.reports += 1
                 await asyncio.sleep(self.every)
 
     def start(self) -> RunningManager:
         self._thread.start()
-        wait_for(lambda: self._ready(), what="the manager to publish a plan", timeout=30)
+        wait_for(self._ready, what="the manager to publish a plan", timeout=30)
         return self
 
     def _ready(self) -> bool:

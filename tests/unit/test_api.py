@@ -11,14 +11,12 @@ from typing import Any
 
 import pytest
 
-from api.app import create_app
-from api.auth import ApiAuth
 from api.models import EventOut, PoolOut, ServerOut, StatsOut
 from api.routes import MAX_BODY
 from dnslb.control import ManagerStats, PoolView, ServerView
-from dnslb.model import Event, ServerState
+from dnslb.model import Event
 from dnslb.plan import MemberState, parse_plan
-from tests.api_support import ADMIN, AGENT, READ, RUNTIME_POOL, ApiLab, bearer
+from tests.api_support import ADMIN, AGENT, READ, RUNTIME_POOL, ApiLab
 
 
 def run(tmp_path: Path, scenario: Callable[[ApiLab], Awaitable[None]], **options: Any) -> None:
@@ -175,7 +173,11 @@ def test_runtime_pools_are_created_changed_and_deleted(tmp_path: Path) -> None:
         ),
         pytest.param("PUT", "/v1/pools/www", {"zone": "example.test"}, 409, set(), id="file-pool"),
         pytest.param(
-            "PUT", "/v1/pools/rt", {"name": "other", "zone": "example.test"}, 422, {"name"},
+            "PUT",
+            "/v1/pools/rt",
+            {"name": "other", "zone": "example.test"},
+            422,
+            {"name"},
             id="renamed",
         ),
         pytest.param("DELETE", "/v1/pools/www", None, 409, set(), id="delete-file-pool"),

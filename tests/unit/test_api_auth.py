@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute
 from api.app import create_app
 from api.auth import ApiAuth, Role
 from dnslb.control import ManagerControl
-from tests.api_support import ADMIN, AGENT, READ, RUNTIME_POOL, ApiLab, bearer
+from tests.api_support import ADMIN, AGENT, READ, RUNTIME_POOL, ApiLab
 
 
 def api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:
@@ -33,7 +33,7 @@ def route_table() -> list[tuple[str, str]]:
     """(method, path) of every route the API serves, from the app itself."""
     app = create_app(cast(ManagerControl, object()), auth=ApiAuth())
     return sorted(
-        (method, route.path) for route in api_routes(app.routes) for method in route.methods
+        (method, route.path) for route in api_routes(app.routes) for method in route.methods or ()
     )
 
 
