@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
@@ -25,7 +25,7 @@ from api.auth import ApiAuth, BearerAuth
 from api.dashboard import CHART_JS, dashboard_router
 from api.metrics import metrics_registry, render
 from api.models import ErrorBody
-from api.routes import GENERIC_OBJECT, SpecSchemas, v1_router
+from api.routes import GENERIC_OBJECT, SpecSchemas, reject_unknown_query, v1_router
 from dnslb import __version__
 from dnslb.control import ManagerControl
 
@@ -92,10 +92,12 @@ def create_app(
     schemas = SpecSchemas(
         pool=pool_schema or GENERIC_OBJECT, member=member_schema or GENERIC_OBJECT
     )
-    app.include_router(v1_router(control, schemas))
+    v1 = v1_router(control, schemas)
+    dashboard = dashboard_router(chart_library)
+    extra = APIRouter(dependencies=[Depends(reject_unknown_query)])
     registry = metrics_registry(control)
 
-    @app.get(
+    @extra.get(
         "/metrics",
         tags=["manager"],
         response_class=Response,
@@ -108,7 +110,9 @@ def create_app(
         """Prometheus text format; needs the read role unless auth.metrics_public."""
         return Response(render(registry), media_type=METRICS_CONTENT)
 
-    app.include_router(dashboard_router(chart_library))
+    for router in (v1, extra, dashboard):
+        app.include_router(router)
+    errors.allow_methods(app, [*v1.routes, *extra.routes, *dashboard.routes])
     app.add_middleware(BearerAuth, auth=auth)
     if cors_origins:
         app.add_middleware(

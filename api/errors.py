@@ -26,7 +26,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute
 
 from api.models import ErrorBody, Problem
 from dnslb.control import Conflict, NotFound
@@ -75,10 +77,17 @@ def validation_problems(errors: Iterable[Mapping[str, Any]]) -> list[Problem]:
     return problems
 
 
-def _answer(status: int, error: str, problems: list[Problem] | None = None) -> JSONResponse:
+def _answer(
+    status: int,
+    error: str,
+    problems: list[Problem] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
     body = ErrorBody(error=error, problems=problems or [])
-    headers = {"WWW-Authenticate": 'Bearer realm="dnslb"'} if status == 401 else None
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+    extra = dict(headers or {})
+    if status == 401:
+        extra["WWW-Authenticate"] = 'Bearer realm="dnslb"'
+    return JSONResponse(body.model_dump(), status_code=status, headers=extra or None)
 
 
 async def handle_error(request: Request, exc: Exception) -> JSONResponse:
@@ -93,11 +102,34 @@ async def handle_error(request: Request, exc: Exception) -> JSONResponse:
         return _answer(422, "invalid request", validation_problems(exc.errors()))
     if isinstance(exc, HTTPException):
         detail = exc.detail if isinstance(exc.detail, str) else "request refused"
-        return _answer(exc.status_code, detail)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed(request)
+        return _answer(exc.status_code, detail, headers=headers)
     if isinstance(exc, DnslbError):
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
         return _answer(502, f"the manager could not carry it out: {exc}")
     raise exc  # not ours: Starlette answers 500 and the error is logged once, there
+
+
+def allow_methods(app: FastAPI, routes: Iterable[BaseRoute]) -> None:
+    """Remember every route's methods, for the ``Allow`` header of 405 answers: Starlette lists
+    only the first route matching the path, and a path may have a route per method."""
+    app.state.methods = [
+        (route.path_regex, frozenset(route.methods or ()))
+        for route in routes
+        if isinstance(route, APIRoute)
+    ]
+
+
+def _allowed(request: Request) -> str:
+    path = request.url.path
+    table: list[tuple[re.Pattern[str], frozenset[str]]] = getattr(request.app.state, "methods", [])
+    methods: set[str] = set()
+    for pattern, route_methods in table:
+        if pattern.match(path):
+            methods |= route_methods
+    return ", ".join(sorted(methods))
 
 
 def install(app: FastAPI) -> None:

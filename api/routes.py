@@ -20,7 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import StringConstraints
 from starlette.exceptions import HTTPException
 
 from api.models import (
@@ -62,11 +66,12 @@ def _error(description: str) -> dict[str, Any]:
 
 READ_ERRORS: dict[int | str, dict[str, Any]] = {
     401: _error("missing or unknown token"),
-    422: _error("invalid parameters; each problem names its field"),
+    422: _error("invalid or unknown parameters; each problem names its field"),
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: _error("no such pool or server")}
 CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
     **READ_ERRORS,
+    400: _error("the body could not be decoded"),
     403: _error("the token's role is read; changes need admin"),
     404: _error("no such pool or server"),
     409: _error("contradicts the current state (e.g. a pool from the configuration file)"),
@@ -124,6 +129,29 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {param.alias for param in dependant.query_params}
+    for inner in dependant.dependencies:
+        names |= _query_names(inner)
+    return names
+
+
+async def reject_unknown_query(request: Request) -> None:
+    """Refuse query parameters a route does not take (422), so that a misspelt filter
+    (``?pol=www``) is an error rather than silently ignored with everything returned."""
+    route = request.scope.get("route")
+    if not request.query_params or not isinstance(route, APIRoute):
+        return
+    unknown = sorted(set(request.query_params.keys()) - _query_names(route.dependant))
+    if unknown:
+        raise RequestValidationError(
+            [
+                {"loc": ("query", name), "msg": "unknown parameter", "type": "extra_forbidden"}
+                for name in unknown
+            ]
+        )
+
+
 def _without_required(schema: Mapping[str, Any], key: str) -> dict[str, Any]:
     result = copy.deepcopy(dict(schema))
     if key in result.get("required", []):
@@ -141,7 +169,7 @@ ServerId = Annotated[str, Path(description="server id")]
 
 def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
     """The ``/v1`` routes over ``control``."""
-    router = APIRouter(prefix="/v1")
+    router = APIRouter(prefix="/v1", dependencies=[Depends(reject_unknown_query)])
 
     @router.get("/status", responses=READ_ERRORS, tags=["manager"])
     async def status() -> StatusOut:
@@ -226,7 +254,9 @@ def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
 
     @router.get("/servers", responses={**READ_ERRORS, **NOT_FOUND}, tags=["servers"])
     async def list_servers(
-        pool: Annotated[str | None, Query(description="only this pool's servers")] = None,
+        pool: Annotated[
+            str | None, Query(min_length=1, description="only this pool's servers")
+        ] = None,
     ) -> list[ServerOut]:
         """Servers with state, utilization, weight, TTL, pause flags and cost."""
         return [ServerOut.of(server) for server in control.servers(pool)]
@@ -257,11 +287,13 @@ def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
 
     @router.get("/events", responses=READ_ERRORS, tags=["manager"])
     async def events(
-        pool: Annotated[str | None, Query(description="only this pool's")] = None,
-        server: Annotated[str | None, Query(description="only this server's")] = None,
+        *,
+        pool: Annotated[str | None, Query(min_length=1, description="only this pool's")] = None,
+        server: Annotated[str | None, Query(min_length=1, description="only this server's")] = None,
         kind: Annotated[
-            list[str] | None, Query(description="only these kinds (repeat the parameter)")
-        ] = None,
+            list[Annotated[str, StringConstraints(min_length=1)]],
+            Query(default_factory=list, description="only these kinds (repeat the parameter)"),
+        ],
         before_id: Annotated[
             int | None, Query(ge=1, le=MAX_ID, description="page: events older than this id")
         ] = None,
@@ -269,7 +301,7 @@ def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
     ) -> EventPage:
         """Events newest first, filtered and paginated."""
         found: Sequence[Any] = control.events(
-            pool=pool, server=server, kinds=tuple(kind or ()), before_id=before_id, limit=limit
+            pool=pool, server=server, kinds=tuple(kind), before_id=before_id, limit=limit
         )
         page = [EventOut.of(event) for event in found]
         more = len(page) == limit and page[-1].id is not None
@@ -277,7 +309,7 @@ def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
 
     @router.get("/costs", responses={**READ_ERRORS, **NOT_FOUND}, tags=["manager"])
     async def costs(
-        pool: Annotated[str | None, Query(description="only this pool")] = None,
+        pool: Annotated[str | None, Query(min_length=1, description="only this pool")] = None,
     ) -> CostReport:
         """Server-seconds and requests served, per pool and per server, and their ratio."""
         pools = [control.pool(pool)] if pool is not None else list(control.pools())
