@@ -221,7 +221,12 @@ class RunningManager:
                 seq += 1
                 for server_id, token in reporting_tokens(manager).items():
                     body = report_body(server_id, seq, self.load(server_id, time.time()), seq * 7)
-                    answer = await client.post("/v1/reports", content=body, headers=bearer(token))
+                    try:
+                        answer = await client.post(
+                            "/v1/reports", content=body, headers=bearer(token)
+                        )
+                    except httpx.TransportError:
+                        continue  # the manager is stopping
                     if answer.status_code == 204:
                         self.reports += 1
                 await asyncio.sleep(self.every)
