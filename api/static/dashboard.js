@@ -40,7 +40,7 @@
 
   const clock = (seconds) => new Date(seconds * 1000).toLocaleTimeString();
 
-  function makeChart(id, { title, min, max, stepped = false, ticks } = {}) {
+  function makeChart(id, { title, min, max, suggestedMax, grace, stepped = false, ticks } = {}) {
     const chart = new Chart($(id), {
       type: "line",
       data: { datasets: [] },
@@ -54,8 +54,8 @@
         elements: { point: { radius: 0 }, line: { borderWidth: 2, stepped } },
         scales: {
           x: { type: "linear", ticks: { callback: clock, maxTicksLimit: 6 } },
-          y: { title: { display: Boolean(title), text: title }, min, max, beginAtZero: true,
-            ticks: ticks || {} },
+          y: { title: { display: Boolean(title), text: title }, min, max, suggestedMax, grace,
+            beginAtZero: true, ticks: ticks || {} },
         },
         plugins: {
           legend: { position: "bottom", labels: { boxWidth: 12 } },
@@ -70,8 +70,11 @@
   function series(chart, key, extra = {}) {
     let found = chart.data.datasets.find((dataset) => dataset.key === key);
     if (!found) {
-      const color = COLORS[chart.data.datasets.length % COLORS.length];
+      const index = chart.data.datasets.length;
+      const color = COLORS[index % COLORS.length];
       found = { key, label: key, data: [], borderColor: color, backgroundColor: color, ...extra };
+      // Pools of the same size draw on top of each other: the first lines are wider.
+      if (chart.$layered) found.borderWidth = Math.max(1.5, 6 - 2 * index);
       chart.data.datasets.push(found);
     }
     return found;
@@ -150,14 +153,17 @@
   function setUpCharts() {
     if (charts) return charts;
     charts = {
-      utilization: makeChart("chart-utilization", { title: "in progress / max", min: 0, max: 1 }),
+      utilization: makeChart("chart-utilization", { title: "in progress / max", suggestedMax: 1 }),
       weight: makeChart("chart-weight", { title: "weight" }),
       ttl: makeChart("chart-ttl", { title: "seconds" }),
       paused: makeChart("chart-paused", {
         min: 0, max: 1.6, stepped: true,
         ticks: { stepSize: 1, callback: (v) => (v === 0 ? "answered" : v === 1 ? "paused" : "") },
       }),
-      pool: makeChart("chart-pool", { title: "servers" }),
+      pool: Object.assign(
+        makeChart("chart-pool", { title: "servers", grace: 1, ticks: { stepSize: 1 } }),
+        { $layered: true },
+      ),
       cost: makeChart("chart-cost", { title: "server-seconds" }),
     };
     return charts;
