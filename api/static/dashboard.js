@@ -73,8 +73,9 @@
       const index = chart.data.datasets.length;
       const color = COLORS[index % COLORS.length];
       found = { key, label: key, data: [], borderColor: color, backgroundColor: color, ...extra };
-      // Pools of the same size draw on top of each other: the first lines are wider.
-      if (chart.$layered) found.borderWidth = Math.max(1.5, 6 - 2 * index);
+      // Pools of the same size draw on top of each other; Chart.js draws the first dataset on
+      // top, so each later line is wider and shows around the ones before it.
+      if (chart.$layered && !extra.type) found.borderWidth = Math.min(2 + 3 * index, 11);
       chart.data.datasets.push(found);
     }
     return found;
