@@ -25,7 +25,7 @@ from manager.providers.static import StaticProviderConfig
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
-    """Where the manager listens for agent reports (and, later, the API)."""
+    """Where the manager listens: agent reports, the REST API, /metrics and the dashboard."""
 
     address: str = setting("127.0.0.1", help="listen address; loopback unless you mean it")
     port: int = setting(8700, help="listen port", min=1, max=65535)
