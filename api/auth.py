@@ -28,7 +28,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
-PUBLIC_PATHS = frozenset({"/", "/openapi.json", "/favicon.ico"})
+PUBLIC_PATHS = frozenset({"/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/dashboard/",)
 
 
@@ -107,7 +107,6 @@ class BearerAuth:
                 f"{scope['method']} needs the {needed.value} role; this token has {role.value}",
             )
             return
-        scope.setdefault("state", {})["role"] = role
         await self.app(scope, receive, send)
 
 

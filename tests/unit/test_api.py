@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from api.app import create_app
+from api.auth import ApiAuth
+from api.dashboard import STATIC
 from api.models import EventOut, PoolOut, ServerOut, StatsOut
 from api.routes import MAX_BODY
 from dnslb.control import ManagerStats, PoolView, ServerView
@@ -434,3 +439,63 @@ def test_cors_is_off_unless_origins_are_configured(tmp_path: Path) -> None:
             assert "access-control-allow-origin" not in answer.headers
 
     run(tmp_path / "on", on, cors=["https://ops.example.com"])
+
+
+def test_the_dashboard_is_served_whole_from_here(tmp_path: Path) -> None:
+    async def scenario(lab: ApiLab) -> None:
+        async with lab.client(None) as api:
+            root = await api.get("/")
+            assert root.status_code == 307 and root.headers["location"] == "/dashboard/"
+            page = await api.get("/dashboard/")
+            assert page.status_code == 200
+            policy = page.headers["content-security-policy"]
+            assert "script-src 'self'" in policy and "connect-src 'self'" in policy
+            for name in ("dashboard.js", "dashboard.css"):
+                assert (await api.get(f"/dashboard/{name}")).status_code == 200
+            chart = await api.get("/dashboard/vendor/chart.umd.js")
+            assert chart.status_code == 200
+            assert chart.headers["content-type"].startswith("text/javascript")
+            assert "Chart" in chart.text
+            assert (await api.get("/dashboard/..%2Froutes.py")).status_code == 404
+            assert (await api.get("/dashboard/app.py")).status_code == 404
+        for file in (STATIC / "index.html", STATIC / "dashboard.js"):
+            assert "//" not in re.sub(r"(?m)^\s*//.*$|(?<=[\s;])//.*$", "", file.read_text()), (
+                f"{file.name} refers to another host"
+            )
+
+    run(tmp_path, scenario)
+
+
+def test_a_missing_chart_library_is_explained(tmp_path: Path) -> None:
+    async def scenario(lab: ApiLab) -> None:
+        app = create_app(
+            lab.control,
+            auth=ApiAuth(),
+            chart_library=tmp_path / "node_modules" / "chart.js" / "dist" / "chart.umd.min.js",
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as api:
+            answer = await api.get("/dashboard/vendor/chart.umd.js")
+        assert answer.status_code == 404
+        assert "scripts/install" in answer.json()["error"]
+
+    run(tmp_path, scenario)
+
+
+def test_the_openapi_document_states_auth_and_the_pool_schema(tmp_path: Path) -> None:
+    async def scenario(lab: ApiLab) -> None:
+        async with lab.client(None) as api:
+            document = (await api.get("/openapi.json")).json()
+        assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+        for path, operations in document["paths"].items():
+            for method, operation in operations.items():
+                assert operation.get("security") == [{"bearer": []}], (method, path)
+        create = document["paths"]["/v1/pools"]["post"]["requestBody"]["content"]
+        schema = create["application/json"]["schema"]
+        assert schema["additionalProperties"] is False
+        assert {"name", "zone"} <= set(schema["required"])
+        assert schema["properties"]["policy"]["properties"]["k"]["maximum"] == 64
+        put = document["paths"]["/v1/pools/{name}"]["put"]["requestBody"]["content"]
+        assert "name" not in put["application/json"]["schema"]["required"]
+
+    run(tmp_path, scenario)
