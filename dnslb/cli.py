@@ -91,6 +91,12 @@ def _pdns_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(args: argparse.Namespace) -> int:
+    from agents.agent import main as agent_main  # noqa: PLC0415
+
+    return agent_main(args.config)
+
+
 def _manager(args: argparse.Namespace) -> int:
     import asyncio  # noqa: PLC0415
     import signal  # noqa: PLC0415
@@ -174,6 +180,58 @@ def _lab(args: argparse.Namespace) -> int:
     return run_lab(args)
 
 
+def _node_agent(args: argparse.Namespace) -> int:
+    import os  # noqa: PLC0415
+
+    from agents.node_agent import (  # noqa: PLC0415
+        MIN_TOKEN_LENGTH,
+        NodeAgentConfig,
+        read_token,
+        run,
+    )
+    from dnslb.errors import ConfigError  # noqa: PLC0415
+
+    # Collect every problem (listen address, token, settings) before failing.
+    problems: list[str] = []
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        problems.append(f"--listen {args.listen!r}: expected HOST:PORT")
+        host, port = "127.0.0.1", "0"
+    try:
+        token = read_token(args.token_file, args.token_env)
+    except ConfigError as exc:
+        problems += exc.problems
+        token = "-" * MIN_TOKEN_LENGTH  # stands in so that the other settings get checked
+    try:
+        config = NodeAgentConfig(
+            cluster=args.cluster,
+            node_id=args.node_id,
+            vip=args.vip,
+            token=token,
+            manager_url=args.manager_url,
+            listen_host=host.strip("[]"),
+            listen_port=int(port),
+            driver=args.driver,
+            bucket_count=args.bucket_count,
+            heartbeat_interval=args.heartbeat_interval,
+            max_concurrency=args.max_concurrency,
+            service_ports=tuple(args.service_port),
+            nft_table=args.nft_table,
+            require_listener=not args.no_listener_check,
+            lease=args.lease,
+        )
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError("node agent", problems)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"dnslb node-agent[{os.getpid()}]: %(levelname)s %(message)s",
+    )
+    return run(config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dnslb", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dnslb {__version__}")
@@ -206,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     pdns.add_argument("--socket-dir", default="/run/pdns", help="pdns control socket directory")
     pdns.set_defaults(handler=_pdns_config)
 
+    agent = commands.add_parser(
+        "agent", help="the agent of a cache server: reports its utilization to the manager"
+    )
+    agent.add_argument("--config", required=True, metavar="FILE", help="agent configuration")
+    agent.set_defaults(handler=_agent)
+
     manager = commands.add_parser("manager", help="run the manager (reports in, plan out)")
     manager.add_argument("--config", required=True, help="manager configuration (YAML)")
     manager.add_argument("--check", action="store_true", help="validate the config and exit")
@@ -228,6 +292,63 @@ def build_parser() -> argparse.ArgumentParser:
         "--once", action="store_true", help="show a few answers and stop instead of waiting"
     )
     lab.set_defaults(handler=_lab)
+
+    node = commands.add_parser(
+        "node-agent", help="the agent of a single-IP cluster node (installs dispatch tables)"
+    )
+    node.add_argument("--cluster", required=True, help="cluster name, as the manager knows it")
+    node.add_argument("--node-id", required=True, help="this node's id in dispatch tables")
+    node.add_argument("--vip", required=True, help="the cluster's shared IPv4 address")
+    node.add_argument(
+        "--listen",
+        default="127.0.0.1:8470",
+        help="HOST:PORT for table pushes (default %(default)s)",
+    )
+    node.add_argument("--manager-url", help="manager base URL for heartbeats (none: no heartbeats)")
+    token = node.add_mutually_exclusive_group(required=True)
+    token.add_argument("--token-file", help="file holding the bearer token")
+    token.add_argument("--token-env", help="environment variable holding the bearer token")
+    node.add_argument(
+        "--driver",
+        default="nftables",
+        help="dispatch driver: nftables or dry-run (default %(default)s)",
+    )
+    node.add_argument(
+        "--bucket-count", type=int, default=1024, help="buckets per table (default %(default)s)"
+    )
+    node.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=0.1,
+        help="seconds between heartbeats (default %(default)s)",
+    )
+    node.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=1000,
+        help="connections to the VIP at full load (default %(default)s)",
+    )
+    node.add_argument(
+        "--service-port",
+        type=int,
+        action="append",
+        default=[],
+        help="port the service listens on (repeatable); none listening means not serving",
+    )
+    node.add_argument("--nft-table", default="dnslb", help="nftables table to own (default dnslb)")
+    node.add_argument(
+        "--no-listener-check",
+        action="store_true",
+        help="accept a SYN of our bucket even when no socket listens (the stack then resets it)",
+    )
+    node.add_argument(
+        "--lease",
+        type=float,
+        default=0.25,
+        help="seconds the node takes new connections without its agent (0: forever; keep it "
+        "below the manager's failover_after) (default %(default)s)",
+    )
+    node.set_defaults(handler=_node_agent)
     return parser
 
 

@@ -13,7 +13,8 @@ Unknown keys are errors; so are duplicate keys. A field's default comes from the
 :func:`setting` adds bounds and the help text that :func:`reference` turns into documentation. A
 dataclass may define ``config_problems(self) -> Iterable[str]`` for rules across fields. Every
 problem is collected (``manager.yaml, line 12: pools[0].k: must be at least 1, not 0``) and
-raised together in one :class:`~dnslb.errors.ConfigError`.
+raised together in one :class:`~dnslb.errors.ConfigError`. :func:`dump_config` is the inverse:
+a program that starts another (the local provider starting an agent) writes its config with it.
 """
 
 from __future__ import annotations
@@ -362,6 +363,18 @@ def to_document(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(key): to_document(item) for key, item in value.items()}
     return value
+
+
+def dump_config(instance: object) -> str:
+    """YAML text that :func:`parse_config` builds back into an equal ``instance``.
+
+    Secrets are written as their references (never their values); a ``file:`` reference that
+    is relative resolves against the directory of the file the text is written to.
+    """
+    if not dataclasses.is_dataclass(instance) or isinstance(instance, type):
+        raise TypeError(f"dump_config takes a dataclass instance, not {instance!r}")
+    text: str = yaml.safe_dump(to_document(instance), sort_keys=False, default_flow_style=False)
+    return text
 
 
 # -- documentation ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@
     +-- PlanError               a plan document is invalid (carries every problem found)
     +-- ProtocolError           a peer spoke a protocol wrongly (pipe lines, agent reports)
     +-- ProcessError            an external program (pdns_server, nginx, nft) failed to start or run
+    +-- SourceError             an agent's utilization source (nginx, a port, an app) is unreadable
 
 Errors that carry several problems (``ConfigError``, ``PlanError``) keep them as a list of
 ``"path: message"`` strings in ``problems`` so that a caller can show all of them at once.
@@ -51,3 +52,7 @@ class ProtocolError(DnslbError):
 
 class ProcessError(DnslbError):
     """An external program could not be started, or failed while running."""
+
+
+class SourceError(DnslbError):
+    """A utilization source could not be read; the message says why, for the agent's report."""

@@ -8,7 +8,6 @@ coprocesses. The lab and the integration tests use both.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dnslb.errors import ConfigError, ProcessError
+from dnslb.process import wait_for_group_exit
 
 
 def pipe_command(plan: str | os.PathLike[str], *, python: str | None = None) -> list[str]:
@@ -179,24 +179,6 @@ class PdnsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def wait_for_group_exit(pgid: int, timeout: float = 5.0) -> None:
-    """Kill what is left of process group ``pgid`` and wait until it is gone.
-
-    PowerDNS's coprocesses end on their own at EOF; this makes sure and waits for the kernel to
-    reap them, so that a caller who checks finds nothing left.
-    """
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.02)
-    raise ProcessError(f"processes of group {pgid} still exist {timeout:.0f} s after SIGKILL")
 
 
 def soa_answers(address: str, port: int, name: str, timeout: float = 0.3) -> bool:

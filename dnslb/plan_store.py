@@ -10,11 +10,14 @@ Only the standard library is used here: the pipe backend imports this module.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Hashable
 from pathlib import Path
+from typing import Any
 
 from dnslb.errors import ConfigError
 from dnslb.plan import Plan, parse_plan_json, plan_to_json
@@ -38,6 +41,14 @@ class PlanStore(ABC):
     @abstractmethod
     def read(self) -> Plan:
         """The current plan; raises :class:`~dnslb.errors.PlanError` or ``OSError``."""
+
+    @abstractmethod
+    def write_stats(self, name: str, document: dict[str, Any]) -> None:
+        """Publish a reader's statistics (the answers a pipe backend gave) under ``name``."""
+
+    @abstractmethod
+    def read_stats(self, max_age: float = 86400.0) -> list[dict[str, Any]]:
+        """Every reader's statistics written within ``max_age`` seconds (older ones are dropped)."""
 
 
 class FilePlanStore(PlanStore):
@@ -74,6 +85,36 @@ class FilePlanStore(PlanStore):
 
     def read(self) -> Plan:
         return parse_plan_json(self.path.read_bytes())
+
+    @property
+    def stats_dir(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.stats")
+
+    def write_stats(self, name: str, document: dict[str, Any]) -> None:
+        self.stats_dir.mkdir(exist_ok=True)
+        target = self.stats_dir / f"{name}.json"
+        temp = target.with_name(f".{target.name}.tmp")
+        temp.write_text(json.dumps(document, separators=(",", ":")))
+        os.replace(temp, target)
+
+    def read_stats(self, max_age: float = 86400.0) -> list[dict[str, Any]]:
+        documents = []
+        now = time.time()
+        try:
+            entries = list(self.stats_dir.glob("*.json"))
+        except OSError:
+            return []
+        for path in entries:
+            try:
+                if now - path.stat().st_mtime > max_age:
+                    path.unlink(missing_ok=True)  # a coprocess long gone
+                    continue
+                document = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # vanished or half-written: the next read will have it
+            if isinstance(document, dict):
+                documents.append(document)
+        return documents
 
 
 def open_store(location: str) -> PlanStore:

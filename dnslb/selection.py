@@ -176,12 +176,42 @@ def fallback_members(members: Sequence[Member], policy: Fallback, k: int) -> tup
     return ()
 
 
-def rotation(items: Sequence[_T], rng: random.Random) -> Iterator[_T]:
-    """Endless laps over ``items``, each lap starting at a random offset."""
-    if len(items) == 1:
+def rotation(
+    items: Sequence[_T], rng: random.Random, counts: list[int] | None = None
+) -> Iterator[_T]:
+    """Endless laps over ``items``, each lap starting at a random offset.
+
+    With ``counts`` (one slot per item), each item given out is counted: what the pipe backend
+    reports as the answers it actually gave.
+    """
+    size = len(items)
+    if counts is None:
+        if size == 1:
+            while True:
+                yield items[0]
         while True:
-            yield items[0]
+            offset = rng.randrange(size)
+            yield from items[offset:]
+            yield from items[:offset]
     while True:
-        offset = rng.randrange(len(items))
-        yield from items[offset:]
-        yield from items[:offset]
+        offset = rng.randrange(size)
+        for index in range(offset, size):
+            counts[index] += 1
+            yield items[index]
+        for index in range(offset):
+            counts[index] += 1
+            yield items[index]
+
+
+def answer_counts(answers: Sequence[Answer], counts: Sequence[int]) -> dict[str, tuple[int, int]]:
+    """Per member id: (answers it came first in, answers it was in), from per-position counts."""
+    totals: dict[str, list[int]] = {}
+    for answer, count in zip(answers, counts, strict=True):
+        if not count:
+            continue
+        for place, member in enumerate(answer.members):
+            slot = totals.setdefault(member.id, [0, 0])
+            slot[1] += count
+            if place == 0:
+                slot[0] += count
+    return {member: (first, seen) for member, (first, seen) in totals.items()}

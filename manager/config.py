@@ -19,6 +19,8 @@ from dnslb.dnsname import name_problem, normalize
 from dnslb.plan import STATIC_TYPES
 from dnslb.policy import PoolPolicy
 from dnslb.scaling import ScalingPolicy
+from manager.clusters import ClusterNode, ClusterSettings
+from manager.providers.local import LocalProviderConfig
 from manager.providers.memory import MemoryProviderConfig
 from manager.providers.static import StaticProviderConfig
 
@@ -203,6 +205,76 @@ class HttpCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterNodeConfig:
+    """A node of a single-IP cluster."""
+
+    id: str = setting(help="node id (in tables; its node agent reports under it)")
+    agent_url: str = setting(help="its node agent's URL, e.g. http://10.0.0.11:8701")
+    token: Secret = setting(help="the node agent's token: authenticates pushes and its reports")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """A single-IP cluster: nodes sharing one address, each taking its share of connections."""
+
+    name: str = setting(help="cluster name")
+    vip: str = setting(help="the shared address (a pool member with cluster: NAME answers it)")
+    seed: int = setting(help="jhash seed: fixed for the cluster's life", min=0, max=2**32 - 1)
+    nodes: tuple[ClusterNodeConfig, ...] = setting(help="the nodes")
+    bucket_count: int = setting(1024, help="buckets in the dispatch table", min=1, max=65536)
+    failover_after: float = setting(
+        0.3, help="seconds without a heartbeat before a node's buckets move", min=0.01, max=60.0
+    )
+    tick: float = setting(0.05, help="seconds between the controller's decisions", min=0.01)
+    weight_floor: float = setting(
+        0.05,
+        help="a fully loaded node keeps this share of a free node's weight",
+        min=0.001,
+        max=1.0,
+    )
+    smoothing: float = setting(
+        0.3, help="weight of the newest utilization sample (1: no smoothing)", min=0.001, max=1.0
+    )
+    rebalance_threshold: float = setting(
+        0.05, help="fraction of buckets a weight change must move to be made", min=0.0, max=1.0
+    )
+    join_after: float = setting(
+        1.0, help="seconds a node (back) in service must stay alive before it joins", min=0.0
+    )
+    push_timeout: float = setting(1.0, help="seconds a table push may take", min=0.01)
+
+    def config_problems(self) -> Iterator[str]:
+        try:
+            ipaddress.IPv4Address(self.vip)
+        except ValueError:
+            yield f"vip: {self.vip!r} is not an IPv4 address (clusters are IPv4 only)"
+        ids = [node.id for node in self.nodes]
+        if len(set(ids)) != len(ids):
+            yield "nodes: node ids must be unique"
+        if not self.nodes:
+            yield "nodes: at least one node"
+
+    def settings(self) -> ClusterSettings:
+        """The controller's settings (secrets revealed here, for the pushes)."""
+        return ClusterSettings(
+            name=self.name,
+            vip=self.vip,
+            nodes=tuple(
+                ClusterNode(node.id, node.agent_url.rstrip("/"), node.token.reveal())
+                for node in self.nodes
+            ),
+            seed=self.seed,
+            bucket_count=self.bucket_count,
+            failover_after=self.failover_after,
+            weight_floor=self.weight_floor,
+            smoothing=self.smoothing,
+            rebalance_threshold=self.rebalance_threshold,
+            join_after=self.join_after,
+            push_timeout=self.push_timeout,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class MemberConfig:
     """A server that is always in the pool (a static member)."""
 
@@ -215,6 +287,9 @@ class MemberConfig:
         None, help="requests it can serve at once (default: what its agent reports)", min=1
     )
     token: Secret | None = setting(None, help="this server's own agent token")
+    cluster: str | None = setting(
+        None, help="a single-IP cluster (clusters[].name): its nodes' load is this member's load"
+    )
 
     def config_problems(self) -> Iterator[str]:
         for key, value in (("address", self.address), ("check_address", self.check_address)):
@@ -255,7 +330,7 @@ class LifecycleConfig:
     )
 
 
-ProviderConfig = StaticProviderConfig | MemoryProviderConfig
+ProviderConfig = StaticProviderConfig | MemoryProviderConfig | LocalProviderConfig
 """Every provider's configuration, told apart by ``type``."""
 
 
@@ -303,6 +378,9 @@ class ManagerConfig:
 
     zones: tuple[ZoneConfig, ...] = setting(help="zones answered")
     pools: tuple[PoolConfig, ...] = setting(default_factory=tuple, help="load-balanced names")
+    clusters: tuple[ClusterConfig, ...] = setting(
+        default_factory=tuple, help="single-IP clusters behind pool members"
+    )
     http: HttpConfig = setting(default_factory=HttpConfig, help="HTTP listener")
     auth: AuthConfig = setting(default_factory=AuthConfig, help="tokens")
     plan: PlanConfig = setting(default_factory=PlanConfig, help="plan publishing")
@@ -331,6 +409,30 @@ class ManagerConfig:
                 ids[member.id] = pool.name
         if not self.zones:
             yield "zones: at least one zone is needed"
+        clusters = {cluster.name: cluster for cluster in self.clusters}
+        if len(clusters) != len(self.clusters):
+            yield "clusters: cluster names must be unique"
+        used: set[str] = set()
+        for pool in self.pools:
+            for member in pool.members:
+                if member.cluster is None:
+                    continue
+                cluster = clusters.get(member.cluster)
+                if cluster is None:
+                    yield f"pools: member {member.id!r} names cluster {member.cluster!r}: not found"
+                    continue
+                if member.address != cluster.vip:
+                    yield (
+                        f"pools: member {member.id!r} has address {member.address}, but cluster "
+                        f"{cluster.name!r} has vip {cluster.vip}"
+                    )
+                used.add(cluster.name)
+        for cluster in self.clusters:
+            for node in cluster.nodes:
+                if node.id in ids:
+                    yield f"clusters: node id {node.id!r} is also a server id"
+            if cluster.name not in used:
+                yield f"clusters: cluster {cluster.name!r} is not a member of any pool"
         api_tokens = {entry.token.reveal(): i for i, entry in enumerate(self.auth.api_tokens)}
         for pool in self.pools:
             for member in pool.members:

@@ -50,7 +50,10 @@ class Control:
         }
 
     def _server_view(
-        self, server: ServerRuntime, members: Mapping[str, tuple[float, int]]
+        self,
+        server: ServerRuntime,
+        members: Mapping[str, tuple[float, int]],
+        answers: Mapping[str, tuple[int, int]] | None = None,
     ) -> ServerView:
         record = server.record
         now = self.manager.clock.monotonic()
@@ -76,7 +79,7 @@ class Control:
             report_age=now - server.report_at if server.report_at is not None else None,
             cost_seconds=server_cost(record, self.manager.clock.time()),
             served=server.served,
-            answers=None,
+            answers=answers[server.id][1] if answers and server.id in answers else None,
         )
 
     def _pool_view(self, pool: PoolRuntime) -> PoolView:
@@ -134,8 +137,9 @@ class Control:
         if pool is not None and pool not in self.manager.fleet.pools:
             raise NotFound(f"no pool {pool!r}")
         members = self._members()
+        answers = self.manager.answer_counts()
         return [
-            self._server_view(server, members)
+            self._server_view(server, members, answers)
             for server in self.manager.fleet.servers.values()
             if pool is None or server.record.pool == pool
         ]
@@ -144,7 +148,7 @@ class Control:
         server = self.manager.fleet.servers.get(server_id)
         if server is None:
             raise NotFound(f"no server {server_id!r}")
-        return self._server_view(server, self._members())
+        return self._server_view(server, self._members(), self.manager.answer_counts())
 
     def plan(self) -> PlanView | None:
         plan = self.manager.plan

@@ -4,18 +4,21 @@
 either records the report or raises :class:`Rejected` with the HTTP status and a message for the
 agent. Callers without a valid token learn nothing about which servers exist. Every outcome is
 counted by reason (``accepted``, ``bad_token``, ``unknown_server``, ``stale_seq``...), for the
-metrics.
+metrics. Heartbeats of single-IP cluster nodes go to their cluster's controller (which orders
+them by time as well as seq: a restarted node agent starts its seq again).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from dnslb.errors import DnslbError, ProtocolError
 from dnslb.model import ServerState
 from dnslb.report import parse_report
+from dnslb.tokens import token_matches
+from manager.clusters import ClusterController
 from manager.fleet import Fleet
 
 MAX_BODY = 16 * 1024
@@ -40,10 +43,12 @@ class ReportIngest:
         monotonic: Callable[[], float],
         *,
         on_overload: Callable[[], None] | None = None,
+        cluster_nodes: Mapping[str, tuple[ClusterController, str]] | None = None,
     ) -> None:
         self.fleet = fleet
         self.monotonic = monotonic
         self.on_overload = on_overload
+        self.cluster_nodes = cluster_nodes or {}  # node id -> (its controller, its token's hash)
         self.counts: Counter[str] = Counter()
 
     def accept(self, token: str | None, body: bytes) -> None:
@@ -68,6 +73,16 @@ class ReportIngest:
             report = parse_report(decoded)
         except ProtocolError as exc:
             raise Rejected(422, "invalid", str(exc)) from None
+        node = self.cluster_nodes.get(report.server_id)
+        if node is not None:
+            controller, stored_hash = node
+            if not token_matches(token, stored_hash):
+                raise Rejected(401, "bad_token", f"token not valid for node {report.server_id!r}")
+            try:
+                controller.observe(report, self.monotonic())
+            except ProtocolError as exc:
+                raise Rejected(400, "invalid", str(exc)) from None
+            return
         server = self.fleet.servers.get(report.server_id)
         if server is None or server.state is ServerState.TERMINATED:
             if self.fleet.is_agent_token(token):

@@ -422,7 +422,15 @@ class PoolLifecycle:
                 await self._terminate(server, why)
 
     async def close(self) -> None:
+        """Stop background work and close the provider; servers it stops with it are recorded
+        as terminated, so that the state never shows a server that is not there."""
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        stopping = self.provider.stops_servers_on_close
         await self.provider.close()
+        if not stopping:
+            return
+        for server in list(self.pool.servers.values()):
+            if server.record.origin == self.provider.kind:
+                self._terminated(server, "stopped with the manager")

@@ -32,7 +32,9 @@ from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan
 from dnslb.plan_store import FilePlanStore, PlanStore
 from dnslb.policy import update_load
+from dnslb.report import Report
 from dnslb.tokens import token_hash
+from manager.clusters import ClusterController, HttpTablePusher
 from manager.config import LoadedConfig, MemberConfig, PoolConfig
 from manager.fleet import Fleet, PoolRuntime, ServerRuntime
 from manager.health import HealthChecker
@@ -74,12 +76,37 @@ class Manager:
         for document in self.store.load_pools():
             self._install_stored_pool(document)
         self._restore()
-        self.ingest = ReportIngest(self.fleet, self.clock.monotonic, on_overload=self._overload)
+        self.clusters: dict[str, ClusterController] = {}
+        cluster_nodes: dict[str, tuple[ClusterController, str]] = {}
+        for cluster in self.config.clusters:
+            controller = ClusterController(
+                cluster.settings(),
+                HttpTablePusher(timeout=cluster.push_timeout),
+                clock=self.clock.monotonic,
+            )
+            self.clusters[cluster.name] = controller
+            for node in cluster.nodes:
+                cluster_nodes[node.id] = (controller, token_hash(node.token.reveal()))
+        self.cluster_members = {
+            member.id: member.cluster
+            for pool in self.config.pools
+            for member in pool.members
+            if member.cluster is not None
+        }
+        self._cluster_seq = int(self.clock.time() * 1000)
+        self._cluster_events_logged: dict[str, float] = {}
+        self.ingest = ReportIngest(
+            self.fleet,
+            self.clock.monotonic,
+            on_overload=self._overload,
+            cluster_nodes=cluster_nodes,
+        )
         self.started_at = self.clock.monotonic()
         self.version = int(self.store.get_meta("plan_version") or 0)
         self.plan: Plan | None = None  # the last plan published
         self.tick_errors = 0
         self.tick_seconds = 0.0
+        self._answer_counts: tuple[float, dict[str, tuple[int, int]]] | None = None
         self._content: Plan | None = None
         self._published_at: float | None = None
         self._urgent = asyncio.Event()
@@ -333,12 +360,49 @@ class Manager:
         now = self.clock.monotonic()
         wall = self.clock.time()
         with self.store.batch():
+            self._feed_clusters(now, wall)
             for pool in self.fleet.pools.values():
                 for server in pool.servers.values():
                     self._assess(pool, server, now, wall)
             for lifecycle in self.lifecycles.values():
                 lifecycle.tick(now, wall)
             return self._publish(now, wall)
+
+    def _feed_clusters(self, now: float, wall: float) -> None:
+        """A cluster member's load is its live nodes' load: reported for it, as its agent would."""
+        self._cluster_seq += 1
+        for member_id, cluster_name in self.cluster_members.items():
+            server = self.fleet.servers.get(member_id)
+            controller = self.clusters[cluster_name]
+            if server is None:
+                continue
+            load = controller.load(now)
+            server.report = Report(
+                server_id=member_id,
+                seq=self._cluster_seq,
+                time=wall,
+                in_progress=load[0] if load else None,
+                max_concurrency=load[1] if load else None,
+                error=None if load else f"no node of cluster {cluster_name} is alive",
+            )
+            server.report_at = now
+        for name, controller in self.clusters.items():
+            logged = self._cluster_events_logged.get(name, float("-inf"))
+            for event in controller.events:
+                if event.at > logged:
+                    self.fleet.log(wall, "cluster", f"{name}: {event.what}: {event.why}")
+                    self._cluster_events_logged[name] = event.at
+
+    async def _run_clusters(self, stop: asyncio.Event) -> None:
+        """Cluster controllers decide every ``tick`` of theirs (tens of ms: failover speed)."""
+        interval = min(cluster.tick for cluster in self.config.clusters)
+        while not stop.is_set():
+            for controller in self.clusters.values():
+                try:
+                    await controller.tick()
+                except Exception:  # one bad tick must not stop failover for good; logged
+                    log.exception("cluster %s tick failed", controller.settings.name)
+            await _wait_any(stop, timeout=interval)
 
     def _assess(self, pool: PoolRuntime, server: ServerRuntime, now: float, wall: float) -> None:
         healthy, reason = health_of(
@@ -439,6 +503,28 @@ class Manager:
                 if server.answered_until is None or until > server.answered_until:
                     server.answered_until = until
 
+    def answer_counts(self) -> dict[str, tuple[int, int]]:
+        """Per server id: (answers it came first in, answers it was in), summed over every pipe
+        backend that reported counts (read at most once a second)."""
+        now = self.clock.monotonic()
+        if self._answer_counts is not None and now - self._answer_counts[0] < 1.0:
+            return self._answer_counts[1]
+        totals: dict[str, tuple[int, int]] = {}
+        for document in self.publisher.read_stats():
+            pools = document.get("pools")
+            if not isinstance(pools, dict):
+                continue
+            for members in pools.values():
+                if not isinstance(members, dict):
+                    continue
+                for member, pair in members.items():
+                    if not (isinstance(pair, list) and len(pair) == 2):
+                        continue
+                    first, seen = totals.get(member, (0, 0))
+                    totals[member] = (first + int(pair[0]), seen + int(pair[1]))
+        self._answer_counts = (now, totals)
+        return totals
+
     async def close(self) -> None:
         """Stop background work and close the state database (what shutdown does)."""
         for lifecycle in self.lifecycles.values():
@@ -465,6 +551,11 @@ class Manager:
         server = HttpServer.for_app(self.http_app())
         serving = asyncio.create_task(server.serve(sockets=[sock]), name="http")
         self.health.start()
+        clusters = (
+            asyncio.create_task(self._run_clusters(stop), name="clusters")
+            if self.clusters
+            else None
+        )
         log.info(
             "manager listening on %s:%d; plan %s; %d pools, %d servers",
             http.address,
@@ -486,6 +577,10 @@ class Manager:
         finally:
             server.should_exit = True
             await self.health.stop()
+            if clusters is not None:
+                await clusters
+            for controller in self.clusters.values():
+                await controller.aclose()
             with contextlib.suppress(asyncio.CancelledError):
                 await serving
             sock.close()

@@ -9,18 +9,38 @@ and one ``bytes.join``.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dnslb.plan import MemberState, Plan, Pool
-from dnslb.selection import Answer, pool_answers, rotation
+from dnslb.selection import Answer, answer_counts, pool_answers, rotation
 from pipe_backend.protocol import END, Fragments, Rdata, concat, data_line, fragments
 
 Reply = Fragments | Iterator[Fragments]
 """Fixed fragments, or an iterator giving the next answer's fragments at each query."""
+
+
+@dataclass(slots=True)
+class CompiledPool:
+    """A pool's replies, and how often each position of its answer cycles was given out."""
+
+    name: str
+    replies: dict[bytes, Reply]
+    counters: list[tuple[tuple[Answer, ...], list[int]]] = field(default_factory=list)
+
+    def answer_counts(self) -> dict[str, tuple[int, int]]:
+        """Per member id: (answers it came first in, answers it was in), over every query type."""
+        totals: dict[str, tuple[int, int]] = {}
+        for answers, counts in self.counters:
+            for member, (first, seen) in answer_counts(answers, counts).items():
+                old_first, old_seen = totals.get(member, (0, 0))
+                totals[member] = (old_first + first, old_seen + seen)
+        return totals
+
+
+PoolKey = tuple[Pool, int, bool, int]
 
 
 @dataclass(slots=True)
@@ -30,7 +50,7 @@ class AnswerTable:
     names: dict[bytes, dict[bytes, Reply]]
     transfers: dict[int, bytes]
     zone_names: dict[int, bytes]
-    pool_cache: dict[tuple[Pool, int, bool, int], dict[bytes, Reply]] = field(default_factory=dict)
+    pools: dict[PoolKey, CompiledPool] = field(default_factory=dict)
 
 
 def compile_plan(
@@ -65,17 +85,17 @@ def compile_plan(
     for name, records in static.items():
         names[name.encode("ascii")] = _static_replies(abi, records)
 
-    pool_cache: dict[tuple[Pool, int, bool, int], dict[bytes, Reply]] = {}
-    old_cache = previous.pool_cache if previous is not None else {}
+    compiled_pools: dict[PoolKey, CompiledPool] = {}
+    old_pools = previous.pools if previous is not None else {}
     for pool in plan.pools:
         zone_id = plan.zone_of(pool.name) or 0
         key = (pool, abi, stale, zone_id)
-        replies = old_cache.get(key)
-        if replies is None:
+        compiled = old_pools.get(key)
+        if compiled is None:
             prefix = names.get(pool.name.encode("ascii"), {})
-            replies = _pool_replies(abi, pool, zone_id, prefix, stale=stale, rng=rng)
-        pool_cache[key] = replies
-        names[pool.name.encode("ascii")] = replies
+            compiled = _compile_pool(abi, pool, zone_id, prefix, stale=stale, rng=rng)
+        compiled_pools[key] = compiled
+        names[pool.name.encode("ascii")] = compiled.replies
         for member in pool.members:
             if member.state is MemberState.ACTIVE:
                 rtype = "AAAA" if member.ipv6 else "A"
@@ -86,7 +106,7 @@ def compile_plan(
         names=names,
         transfers={zone_id: b"".join(lines) + END for zone_id, lines in transfers.items()},
         zone_names=zone_names,
-        pool_cache=pool_cache,
+        pools=compiled_pools,
     )
 
 
@@ -109,7 +129,7 @@ def _join_zones(abi: int, records: list[tuple[Rdata, int]]) -> Fragments:
     return result
 
 
-def _pool_replies(
+def _compile_pool(
     abi: int,
     pool: Pool,
     zone_id: int,
@@ -117,25 +137,33 @@ def _pool_replies(
     *,
     stale: bool,
     rng: random.Random,
-) -> dict[bytes, Reply]:
+) -> CompiledPool:
     """Replies of a load-balanced name: A, AAAA and ANY cycles, after any static records."""
     answers = pool_answers(pool, stale=stale)
+    compiled = CompiledPool(name=pool.name, replies=dict(static))
     v4 = [_answer_fragments(abi, answer, zone_id, "A") for answer in answers.v4]
     v6 = [_answer_fragments(abi, answer, zone_id, "AAAA") for answer in answers.v6]
-    replies: dict[bytes, Reply] = dict(static)
+
+    def counted(items: list[Fragments], family: tuple[Answer, ...]) -> Iterator[Fragments]:
+        counts = [0] * len(items)
+        compiled.counters.append((family, counts))
+        return rotation(items, random.Random(rng.getrandbits(64)), counts)
+
     # The plan never holds static A, AAAA or CNAME records at a pool's name.
-    replies[b"A"] = _cycle(v4, rng)
-    replies[b"AAAA"] = _cycle(v6, rng)
+    compiled.replies[b"A"] = counted(v4, answers.v4)
+    compiled.replies[b"AAAA"] = counted(v6, answers.v6)
     any_static = static.get(b"ANY")
     has_v4 = any(answer.members for answer in answers.v4)
     has_v6 = any(answer.members for answer in answers.v6)
     if has_v4 and has_v6:
         # Two cycles of different lengths: each query takes the next answer of both.
-        first = _endless(_with_static(any_static, [_open(f) for f in v4]), rng)
-        replies[b"ANY"] = map(concat, first, _endless(v6, rng))
+        first = counted(_with_static(any_static, [_open(f) for f in v4]), answers.v4)
+        compiled.replies[b"ANY"] = map(concat, first, counted(v6, answers.v6))
+    elif has_v6:
+        compiled.replies[b"ANY"] = counted(_with_static(any_static, v6), answers.v6)
     else:
-        replies[b"ANY"] = _cycle(_with_static(any_static, v6 if has_v6 else v4), rng)
-    return replies
+        compiled.replies[b"ANY"] = counted(_with_static(any_static, v4), answers.v4)
+    return compiled
 
 
 def _answer_fragments(abi: int, answer: Answer, zone_id: int, rtype: str) -> Fragments:
@@ -155,15 +183,4 @@ def _with_static(static: Reply | None, answers: list[Fragments]) -> list[Fragmen
     return [concat(_open(static), answer) for answer in answers]
 
 
-def _cycle(answers: list[Fragments], rng: random.Random) -> Reply:
-    """Fixed fragments for a single answer, else an endless rotation."""
-    return answers[0] if len(answers) == 1 else _endless(answers, rng)
-
-
-def _endless(answers: list[Fragments], rng: random.Random) -> Iterator[Fragments]:
-    if len(answers) == 1:
-        return itertools.repeat(answers[0])
-    return rotation(answers, random.Random(rng.getrandbits(64)))
-
-
-__all__ = ["AnswerTable", "Reply", "compile_plan"]
+__all__ = ["AnswerTable", "CompiledPool", "Reply", "compile_plan"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import time
 from collections.abc import Callable, Hashable
 
@@ -30,6 +31,7 @@ from pipe_backend.protocol import ABI_VERSIONS, AXFR_FIELDS, END, MAX_LINE, Q_FI
 log = logging.getLogger("dnslb.pipe_backend")
 
 _READ_SIZE = 65536
+_PROCESS = f"{socket.gethostname()}-{os.getpid()}"
 
 
 class PipeBackend:
@@ -42,6 +44,7 @@ class PipeBackend:
         last_good: PlanStore | None = None,
         rng: random.Random | None = None,
         poll_interval: float = 0.25,
+        stats_interval: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -49,6 +52,7 @@ class PipeBackend:
         self.last_good = last_good
         self.rng = rng if rng is not None else random.Random()
         self.poll_interval = poll_interval
+        self.stats_interval = stats_interval
         self.monotonic = monotonic
         self.wall = wall
         self.abi: int | None = None
@@ -62,6 +66,10 @@ class PipeBackend:
         self._next_poll = float("-inf")
         self._kept_version: int | None = None  # version last written to last_good
         self._keep_failed = False
+        self._retired_counts: dict[str, dict[str, tuple[int, int]]] = {}
+        self._next_stats = monotonic() + stats_interval
+        self._stats_written_at_requests = 0
+        self._stats_failed = False
 
     # -- plan -----------------------------------------------------------------------------------
 
@@ -81,6 +89,9 @@ class PipeBackend:
                 self.stale = stale
                 self._log_staleness()
                 self._compile()
+        if now >= self._next_stats:
+            self._next_stats = now + self.stats_interval
+            self.write_stats()
 
     def _load(self, stamp: Hashable | None) -> None:
         plan, problem = self._read(stamp)
@@ -168,10 +179,55 @@ class PipeBackend:
     def _compile(self) -> None:
         if self.plan is None or self.abi is None:
             return
+        previous = self.table
         self.table = compile_plan(
-            self.plan, self.abi, stale=self.stale, rng=self.rng, previous=self.table
+            self.plan, self.abi, stale=self.stale, rng=self.rng, previous=previous
         )
         self._names = self.table.names
+        if previous is not None:
+            for key, compiled in previous.pools.items():
+                if key not in self.table.pools:
+                    self._retire_counts(compiled.name, compiled.answer_counts())
+
+    def _retire_counts(self, pool: str, counts: dict[str, tuple[int, int]]) -> None:
+        totals = self._retired_counts.setdefault(pool, {})
+        for member, (first, seen) in counts.items():
+            old_first, old_seen = totals.get(member, (0, 0))
+            totals[member] = (old_first + first, old_seen + seen)
+
+    def answer_counts(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Per pool and member: (answers it came first in, answers it was in), since start."""
+        result = {pool: dict(members) for pool, members in self._retired_counts.items()}
+        if self.table is not None:
+            for compiled in self.table.pools.values():
+                totals = result.setdefault(compiled.name, {})
+                for member, (first, seen) in compiled.answer_counts().items():
+                    old_first, old_seen = totals.get(member, (0, 0))
+                    totals[member] = (old_first + first, old_seen + seen)
+        return result
+
+    def write_stats(self) -> None:
+        """Publish the answer counts beside the plan, for the manager's metrics."""
+        if self.requests == self._stats_written_at_requests:
+            return
+        document = {
+            "process": _PROCESS,
+            "written_at": self.wall(),
+            "plan_version": self.plan.version if self.plan else None,
+            "requests": self.requests,
+            "pools": {
+                pool: {member: list(pair) for member, pair in members.items()}
+                for pool, members in self.answer_counts().items()
+            },
+        }
+        try:
+            self.store.write_stats(_PROCESS, document)
+        except OSError as exc:
+            if not self._stats_failed:
+                log.warning("cannot write answer counts beside %s: %s", self.store.describe(), exc)
+                self._stats_failed = True
+            return
+        self._stats_written_at_requests = self.requests
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -280,6 +336,8 @@ class PipeBackend:
             if not chunk:
                 if pending and not discarding:
                     _write_all(fd_out, handle(pending.rstrip(b"\r")))
+                    self.requests += 1
+                self.write_stats()  # the last counts of this coprocess
                 return
             self.poll()
             lines = (pending + chunk).split(b"\n")

@@ -96,6 +96,11 @@ class Provider(ABC):
     async def list_owned(self) -> list[Instance]:
         """Every server this provider runs for its pool, found from its own records (tags...)."""
 
+    @property
+    def stops_servers_on_close(self) -> bool:
+        """True when :meth:`close` stops every server (local processes die with the manager)."""
+        return False
+
     async def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release connections; by default nothing to do."""
 

@@ -301,3 +301,76 @@ def test_bad_zone_records_are_refused_at_start(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"zones\[0\]\.records\[0\]\.content"):
         Lab(tmp_path, lab_config)
+
+
+CLUSTER_CONFIG = """
+zones: [{name: example.test, ns: [ns1.example.test]}]
+auth: {agent_token: env:DNSLB_TEST_AGENT_TOKEN}
+down_after: 3
+clusters:
+  - name: vip-1
+    vip: 10.9.0.1
+    seed: 4242
+    failover_after: 0.3
+    nodes:
+      - {id: n1, agent_url: "http://127.0.0.1:1", token: env:DNSLB_TEST_NODE_TOKEN}
+      - {id: n2, agent_url: "http://127.0.0.1:2", token: env:DNSLB_TEST_NODE_TOKEN}
+pools:
+  - name: www
+    zone: example.test
+    policy: {slow_start: 0, smoothing: 0}
+    members:
+      - {id: s1, address: 10.0.0.1}
+      - {id: vip-1, address: 10.9.0.1, cluster: vip-1}
+"""
+
+
+def test_a_cluster_member_carries_its_nodes_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node_token = "node-secret-0123456789abcdef"
+    monkeypatch.setenv("DNSLB_TEST_NODE_TOKEN", node_token)
+    lab = Lab(tmp_path, CLUSTER_CONFIG)
+
+    def heartbeat(node: str, in_progress: int, token: str = node_token) -> None:
+        lab.seq[node] = lab.seq.get(node, 0) + 1
+        body = {
+            "server_id": node,
+            "seq": lab.seq[node],
+            "time": lab.clock.time(),
+            "in_progress": in_progress,
+            "max_concurrency": 100,
+            "table": {"cluster": "vip-1", "version": 0},
+        }
+        lab.manager.ingest.accept(token, json.dumps(body).encode())
+
+    for _ in range(3):
+        lab.report("s1", 10)
+        heartbeat("n1", 30)
+        heartbeat("n2", 50)
+        lab.step(0.1)
+    members = {m.id: m for m in lab.manager.plan.pools[0].members}  # type: ignore[union-attr]
+    assert members["vip-1"].state is MemberState.ACTIVE
+    assert members["vip-1"].utilization == pytest.approx(0.4)  # 80 of 200 over both nodes
+    with pytest.raises(Rejected) as caught:
+        heartbeat("n1", 10, token=TOKEN)  # the agent token is not a node's token
+    assert caught.value.status == 401
+    lab.report("s1", 10)
+    lab.step(1.0)  # the nodes fall silent: no node alive, so the member is down
+    assert lab.state("vip-1") is ServerState.DOWN
+    assert (
+        "no node of cluster vip-1 is alive"
+        in lab.manager.fleet.servers["vip-1"].record.state_reason
+    )
+
+
+def test_cluster_config_mistakes_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DNSLB_TEST_NODE_TOKEN", "x" * 32)
+    path = tmp_path / "manager.yaml"
+    path.write_text(
+        CLUSTER_CONFIG.replace("address: 10.9.0.1, cluster", "address: 10.9.0.2, cluster")
+    )
+    with pytest.raises(ConfigError, match=r"but cluster .vip-1. has vip 10\.9\.0\.1"):
+        load_manager_config(path)

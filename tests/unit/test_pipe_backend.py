@@ -460,3 +460,44 @@ def test_the_coprocess_ignores_modules_in_its_working_directory(
     )
     assert result.stdout.startswith(b"OK\tdnslb")
     assert b"\tSOA\t" in result.stdout
+
+
+def test_answer_counts_are_exactly_what_was_answered(plan_path: Path) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    by_address = {m["address"]: m["id"] for m in plan_doc()["pools"][0]["members"]}
+    first: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
+
+    def ask(count: int, qtype: str) -> None:
+        for _ in range(count):
+            records = parse_reply(5, backend.handle(q_line(5, "www.example.test", qtype)))
+            first[by_address[records[0]["content"]]] += 1
+            seen.update(by_address[r["content"]] for r in records)
+
+    ask(300, "A")
+    ask(200, "ANY")
+    doc = plan_doc(version=8)
+    doc["pools"][0]["members"][0]["weight"] = 9  # a new plan: the old cycle's counts are kept
+    write_plan(plan_path, doc)
+    clock.now += 0.3
+    backend.poll()
+    ask(250, "ANY")
+    counts = backend.answer_counts()["www.example.test"]
+    assert {m: c[0] for m, c in counts.items()} == dict(first)
+    assert {m: c[1] for m, c in counts.items()} == dict(seen)
+
+
+def test_answer_counts_are_published_beside_the_plan(plan_path: Path) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    backend.stats_interval = 5.0
+    for _ in range(40):
+        backend.handle(q_line(5, "www.example.test", "A"))
+    backend.requests = 40
+    clock.now += 6
+    backend.poll()
+    [document] = FilePlanStore(plan_path).read_stats()
+    members = document["pools"]["www.example.test"]
+    assert sum(first for first, _ in members.values()) == 40
+    assert document["plan_version"] == 7

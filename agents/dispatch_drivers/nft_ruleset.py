@@ -1,0 +1,169 @@
+"""The nftables text a node's rules are made of (pure functions; the drivers run or keep it).
+
+The base ruleset, for a VIP of 198.51.100.10 (``render_base``)::
+
+    table ip dnslb {
+        set active { type mark; }            # this node's buckets
+        set lease { type ipv4_addr; flags timeout; }   # the VIP while the agent renews it
+        chain prerouting {
+            type filter hook prerouting priority raw; policy accept;
+            ip daddr 198.51.100.10 meta pkttype { broadcast, multicast } meta pkttype set host
+        }
+        chain input {
+            type filter hook input priority filter; policy accept;
+            ip daddr 198.51.100.10 jump vip
+        }
+        chain vip {
+            ct state established,related accept
+            jump classify
+            drop
+        }
+        chain classify {
+            ip daddr @lease tcp flags & (fin|syn|rst|ack) == syn
+                meta mark set jhash ip saddr . tcp sport mod 1024 seed 0x2a
+                meta mark @active socket transparent 0 accept
+        }
+    }
+
+Why each piece:
+
+* Every node receives frames sent to a multicast MAC; the kernel marks them ``multicast`` and TCP
+  drops anything not marked ``host``, so prerouting re-marks packets for the VIP.
+* Only **pure SYNs** may open a connection. Any other packet of a connection this node does not
+  hold is dropped without a reply (no RST): it belongs to another node. With
+  ``nf_conntrack_tcp_loose=0`` too, conntrack never adopts such a mid-stream packet.
+* ``jhash`` writes the bucket into the packet mark and the ``type mark`` set holds this node's
+  buckets (a ``typeof`` set of jhash values crashes ``nft list`` in nft 1.0.6). The mark is
+  only set on SYNs to the VIP, after routing.
+* ``socket transparent 0`` matches only when a socket (the service's listener) exists, so a node
+  whose service is down drops the SYN instead of resetting it.
+* With a lease, the rule also needs the VIP's element in the ``lease`` set, which times out unless
+  the agent renews it: a node whose agent died stops taking new connections by itself, before
+  the manager gives its buckets to other nodes (``ip daddr @lease`` then starts the rule).
+* The set and the classify rule are replaced together in one ``nft -f`` transaction
+  (``render_apply``), so there is no instant with an empty set or a rule of another seed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Sequence
+
+from dnslb.dispatch import MAX_BUCKETS, MAX_SEED
+
+_TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+_ELEMENTS_PER_LINE = 32
+
+
+def check_table_name(name: str) -> str:
+    """``name`` if it is a safe nftables identifier; raises ``ValueError`` otherwise."""
+    if not _TABLE_NAME.fullmatch(name):
+        raise ValueError(f"nftables table name {name!r}: letters, digits and _ only, 1-32 chars")
+    return name
+
+
+def check_vip(vip: str) -> str:
+    """``vip`` normalised if it is an IPv4 address; raises ``ValueError`` otherwise."""
+    try:
+        return str(ipaddress.IPv4Address(vip))
+    except ValueError:
+        raise ValueError(f"{vip!r} is not an IPv4 address") from None
+
+
+def render_base(vip: str, table_name: str) -> str:
+    """The base ruleset, fenced, as one transaction that replaces any previous copy."""
+    vip = check_vip(vip)
+    table = check_table_name(table_name)
+    return f"""\
+table ip {table}
+delete table ip {table}
+table ip {table} {{
+    set active {{
+        type mark
+    }}
+    set lease {{
+        type ipv4_addr
+        flags timeout
+    }}
+    chain prerouting {{
+        type filter hook prerouting priority raw; policy accept;
+        ip daddr {vip} meta pkttype {{ broadcast, multicast }} meta pkttype set host
+    }}
+    chain input {{
+        type filter hook input priority filter; policy accept;
+        ip daddr {vip} jump vip
+    }}
+    chain vip {{
+        ct state established,related accept
+        jump classify
+        drop
+    }}
+    chain classify {{
+    }}
+}}
+"""
+
+
+def render_classify_rule(
+    bucket_count: int, seed: int, *, require_listener: bool, leased: bool = False
+) -> str:
+    """The rule that accepts a pure SYN whose bucket is in the ``active`` set (and, ``leased``,
+    only while the VIP's element in the ``lease`` set has not timed out)."""
+    if not 1 <= bucket_count <= MAX_BUCKETS:
+        raise ValueError(f"bucket_count must be 1..{MAX_BUCKETS}, not {bucket_count}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be 0..2^32-1, not {seed}")
+    listener = " socket transparent 0" if require_listener else ""
+    lease = "ip daddr @lease " if leased else ""
+    return (
+        f"{lease}tcp flags & (fin|syn|rst|ack) == syn"
+        f" meta mark set jhash ip saddr . tcp sport mod {bucket_count} seed {seed:#x}"
+        f" meta mark @active{listener} accept"
+    )
+
+
+def render_apply(
+    table_name: str,
+    buckets: Sequence[int],
+    bucket_count: int,
+    seed: int,
+    *,
+    require_listener: bool,
+    lease: float = 0.0,
+    vip: str = "",
+) -> str:
+    """One transaction: the classify rule and the ``active`` set replaced together (and, with a
+    ``lease``, the lease renewed)."""
+    table = check_table_name(table_name)
+    rule = render_classify_rule(
+        bucket_count, seed, require_listener=require_listener, leased=lease > 0
+    )
+    lines = render_renew(table, vip, lease).splitlines() if lease > 0 else []
+    lines += [
+        f"flush chain ip {table} classify",
+        f"add rule ip {table} classify {rule}",
+        f"flush set ip {table} active",
+    ]
+    ordered = sorted(set(buckets))
+    if ordered and not (ordered[0] >= 0 and ordered[-1] < bucket_count):
+        raise ValueError(f"buckets must be 0..{bucket_count - 1}")
+    for start in range(0, len(ordered), _ELEMENTS_PER_LINE):
+        chunk = ", ".join(str(bucket) for bucket in ordered[start : start + _ELEMENTS_PER_LINE])
+        lines.append(f"add element ip {table} active {{ {chunk} }}")
+    return "\n".join(lines) + "\n"
+
+
+def render_renew(table_name: str, vip: str, lease: float) -> str:
+    """One transaction that restarts the lease: the VIP's element, timing out in ``lease`` s."""
+    table = check_table_name(table_name)
+    milliseconds = max(1, round(lease * 1000))
+    return (
+        f"flush set ip {table} lease\n"
+        f"add element ip {table} lease {{ {check_vip(vip)} timeout {milliseconds}ms }}\n"
+    )
+
+
+def render_fence(table_name: str) -> str:
+    """One transaction that empties the ``active`` set: no new connection is accepted."""
+    return f"flush set ip {check_table_name(table_name)} active\n"

@@ -1,0 +1,87 @@
+"""Posting reports to the manager: one kept-alive HTTP connection, a bearer token, timeouts.
+
+:meth:`ManagerClient.send` never raises for what the network or the manager do: it returns
+None when the manager took the report (any 2xx) and a :class:`DeliveryProblem` saying why not
+otherwise, so that the agent decides how to wait and what to log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import httpx
+
+from dnslb.config import Secret
+from dnslb.report import Report, report_to_dict
+
+MAX_MESSAGE = 200  # of a refusal's body, in the log
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryProblem:
+    """Why a report was not taken. ``refused`` is a 4xx: the manager will not take it as is
+    (bad token, unknown server), which retrying alone will not fix."""
+
+    message: str
+    refused: bool = False
+
+
+def _refusal_text(response: httpx.Response) -> str:
+    """The manager's reason in one line: a JSON ``detail``/``error`` if there is one."""
+    text = response.text.strip()
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        for key in ("detail", "error", "message"):
+            if isinstance(body.get(key), str):
+                text = body[key]
+                break
+    text = " ".join(text.split())
+    return text[:MAX_MESSAGE] + ("..." if len(text) > MAX_MESSAGE else "")
+
+
+class ManagerClient:
+    """Sends reports to ``url`` with ``Authorization: Bearer <token>``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: Secret,
+        *,
+        timeout: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url
+        # Proxies from the environment are ignored: agents talk to their manager directly.
+        self._client = httpx.AsyncClient(
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {token.reveal()}"},
+            trust_env=False,
+            transport=transport,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
+
+    async def send(self, report: Report) -> DeliveryProblem | None:
+        """Post ``report``; None when the manager took it, else why not."""
+        try:
+            response = await self._client.post(self.url, json=report_to_dict(report))
+            await response.aread()
+        except httpx.TimeoutException:
+            return DeliveryProblem(f"manager at {self.url} did not answer in time")
+        except httpx.HTTPError as exc:
+            reason = str(exc) or type(exc).__name__
+            return DeliveryProblem(f"manager at {self.url} unreachable: {reason}")
+        if response.is_success:
+            return None
+        refused = response.is_client_error
+        what = "refused the report" if refused else "failed to take the report"
+        status = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+        reason = _refusal_text(response)
+        message = f"manager {what}: {status}" + (f": {reason}" if reason else "")
+        return DeliveryProblem(message, refused=refused)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,138 @@
+"""The agent's configuration file: which server it speaks for, where it reports, what it measures.
+
+It lives in the core, beside the report contract, because two components share it: the agent
+(``dnslb agent --config FILE``, package ``agents``) reads it, and the manager's local provider
+writes one for every cache server it starts (:func:`dnslb.config.dump_config`), without
+importing the agent. Build it with :func:`dnslb.config.load_config`; the reference table in
+``docs/agent.md`` is :func:`dnslb.config.reference` of :class:`AgentConfig`.
+
+A minimal file::
+
+    server_id: cache-1
+    manager_url: http://127.0.0.1:8000
+    token: file:/etc/dnslb/agent.token
+    source:
+      type: nginx
+      url: http://127.0.0.1/nginx_status
+      max_concurrency: 200
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from dnslb.config import Secret, setting
+from dnslb.report import MAX_ID_LENGTH
+
+
+def _url_problem(name: str, url: str) -> str | None:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"{name}: must be an http:// or https:// URL, not {url!r}"
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NginxSourceConfig:
+    """Requests in progress from nginx's `stub_status` page (Reading + Writing - 1).
+
+    The status request itself is one of the Writing; nginx cannot know its capacity.
+    """
+
+    type: Literal["nginx"] = setting("nginx", help="selects this source")
+    url: str = setting(
+        "http://127.0.0.1/nginx_status",
+        help="the `stub_status` page (must allow the agent's address)",
+    )
+    max_concurrency: int = setting(
+        help="requests this server serves at once at full load (nginx cannot know it)", min=1
+    )
+    timeout: float = setting(0.5, help="seconds to wait for the status page", min=0.01, max=30.0)
+
+    def config_problems(self) -> Iterator[str]:
+        problem = _url_problem("url", self.url)
+        if problem:
+            yield problem
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PortSourceConfig:
+    """Requests in progress as the established TCP connections to a local port.
+
+    One request per connection: right for servers without keep-alive, an upper bound with it.
+    """
+
+    type: Literal["port"] = setting("port", help="selects this source")
+    port: int = setting(help="the local TCP port the service listens on", min=1, max=65535)
+    max_concurrency: int = setting(
+        help="connections this server serves at once at full load", min=1
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JsonSourceConfig:
+    """Requests in progress from the application: `{"in_progress": n, "max_concurrency": m}`.
+
+    ``served_total`` in the answer is optional.
+    """
+
+    type: Literal["json"] = setting("json", help="selects this source")
+    url: str = setting(help="the application's status URL")
+    max_concurrency: int | None = setting(
+        None, help="capacity to use when the application's answer has none", min=1
+    )
+    timeout: float = setting(0.5, help="seconds to wait for the answer", min=0.01, max=30.0)
+
+    def config_problems(self) -> Iterator[str]:
+        problem = _url_problem("url", self.url)
+        if problem:
+            yield problem
+
+
+SourceConfig = NginxSourceConfig | PortSourceConfig | JsonSourceConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    """One agent: the server it speaks for, the manager it reports to, the source it reads."""
+
+    server_id: str = setting(help="this server's id, as the manager knows it")
+    manager_url: str = setting(
+        help="the manager's base URL; reports go to `{manager_url}/v1/reports`"
+    )
+    token: Secret = setting(help="this agent's bearer token")
+    source: SourceConfig = setting(help="where requests in progress are read")
+    interval: float = setting(1.0, help="seconds between reports", min=0.05, max=60.0)
+    backoff_cap: float = setting(
+        10.0,
+        help="longest wait between attempts while the manager fails or refuses",
+        min=0.1,
+        max=600.0,
+    )
+    manager_timeout: float = setting(
+        2.0, help="seconds to wait for the manager to take a report", min=0.05, max=60.0
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        if len(self.server_id) > MAX_ID_LENGTH:
+            yield f"server_id: must be at most {MAX_ID_LENGTH} characters"
+        problem = _url_problem("manager_url", self.manager_url)
+        if problem:
+            yield problem
+        if self.backoff_cap < self.interval:
+            yield (f"backoff_cap ({self.backoff_cap}) must be at least interval ({self.interval})")
+
+    @property
+    def reports_url(self) -> str:
+        """Where reports are posted."""
+        return self.manager_url.rstrip("/") + "/v1/reports"
+
+
+def agent_command(config_path: str | os.PathLike[str], *, python: str | None = None) -> list[str]:
+    """The command line that runs an agent on ``config_path`` (with this interpreter)."""
+    return [python or sys.executable, "-m", "dnslb", "agent", "--config", str(config_path)]

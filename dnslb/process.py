@@ -1,0 +1,122 @@
+"""Child processes in a process group of their own: stopping the whole group, reading its log.
+
+The programs dnslb runs (pdns_server with its coprocesses, nginx with its workers, agents in the
+lab) each start in a new session, so that one signal reaches everything they started and a
+stop leaves nothing behind. "Gone" means no *live* process is left in the group: an orphan that
+has exited but that no one reaps (PID 1 in some containers never does) stays a zombie, holding
+no memory, socket or file, and would otherwise make a clean stop look like a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from dnslb.errors import ProcessError
+
+_PROC = Path("/proc")
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """The pids of the processes of group ``pgid`` that have not exited (zombies excluded).
+
+    Reads ``/proc``; where there is none, falls back to asking the kernel whether the group
+    can be signalled (which counts zombies too).
+    """
+    if not _PROC.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        return [pgid]
+    members = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it exited while we looked
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split
+        # after the last ')'.
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) >= 3 and fields[0] != "Z" and fields[2] == str(pgid):
+            members.append(int(entry.name))
+    return members
+
+
+def wait_for_group_exit(pgid: int, timeout: float = 5.0) -> None:
+    """Kill what is left of process group ``pgid`` and wait until no live process is in it.
+
+    Raises :class:`ProcessError` if something survives SIGKILL for ``timeout`` seconds.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not live_group_members(pgid):
+            return
+        time.sleep(0.02)
+    raise ProcessError(f"processes of group {pgid} still exist {timeout:.0f} s after SIGKILL")
+
+
+def stop_group(
+    process: subprocess.Popen[bytes], *, sig: int = signal.SIGTERM, timeout: float = 5.0
+) -> None:
+    """Stop ``process`` (the leader of its own group) and everything in its group.
+
+    Sends ``sig`` to the group, gives the leader ``timeout`` seconds to exit, then SIGKILLs the
+    group, reaps the leader and waits until no live process is left in the group.
+    """
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        except ProcessLookupError:
+            process.wait()
+    wait_for_group_exit(process.pid, timeout)
+
+
+def log_tail(path: str | os.PathLike[str], lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file; empty when it is empty or cannot be read."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop_pgid(pgid: int, *, sig: int = signal.SIGTERM, timeout: float = 5.0) -> None:
+    """Stop process group ``pgid`` when there is no ``Popen`` for it (started by an earlier
+    manager): ``sig``, up to ``timeout`` seconds to go, then SIGKILL."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not live_group_members(pgid):
+            return
+        time.sleep(0.02)
+    wait_for_group_exit(pgid, timeout)
+
+
+def process_runs(pid: int, marker: str) -> bool:
+    """True when ``pid`` is a live process whose command line holds ``marker`` (a path of ours):
+    a recycled pid belongs to someone else."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+        command = (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    if stat.rpartition(")")[2].split()[0] == "Z":
+        return False
+    return marker.encode() in command
