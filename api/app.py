@@ -25,7 +25,7 @@ from api.auth import ApiAuth, BearerAuth
 from api.dashboard import CHART_JS, dashboard_router
 from api.metrics import metrics_registry, render
 from api.models import ErrorBody
-from api.routes import GENERIC_OBJECT, SpecSchemas, reject_unknown_query, v1_router
+from api.routes import GENERIC_OBJECT, SpecSchemas, check_query, v1_router
 from dnslb import __version__
 from dnslb.control import ManagerControl
 
@@ -94,7 +94,7 @@ def create_app(
     )
     v1 = v1_router(control, schemas)
     dashboard = dashboard_router(chart_library)
-    extra = APIRouter(dependencies=[Depends(reject_unknown_query)])
+    extra = APIRouter(dependencies=[Depends(check_query)])
     registry = metrics_registry(control)
 
     @extra.get(

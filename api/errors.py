@@ -77,13 +77,26 @@ def validation_problems(errors: Iterable[Mapping[str, Any]]) -> list[Problem]:
     return problems
 
 
+def _printable(text: str) -> str:
+    """``text`` as valid UTF-8: an unpaired surrogate from a caller's input is shown escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _answer(
     status: int,
     error: str,
     problems: list[Problem] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    body = ErrorBody(error=error, problems=problems or [])
+    body = ErrorBody(
+        error=_printable(error),
+        problems=[
+            Problem(
+                field=_printable(p.field) if p.field else p.field, message=_printable(p.message)
+            )
+            for p in problems or []
+        ],
+    )
     extra = dict(headers or {})
     if status == 401:
         extra["WWW-Authenticate"] = 'Bearer realm="dnslb"'

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import json
+import types
+import typing
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +113,12 @@ async def json_object(request: Request, what: str) -> dict[str, Any]:
         raise ConfigError(f"invalid {what}", ["body: not valid JSON"]) from None
     if not isinstance(value, dict):
         raise ConfigError(f"invalid {what}", [f"body: must be a JSON object (the {what})"])
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"invalid {what}", ["body: holds an unpaired surrogate escape (\\ud800-\\udfff)"]
+        ) from None
     if _depth(value) > MAX_DEPTH:
         raise ConfigError(f"invalid {what}", [f"body: nested deeper than {MAX_DEPTH} levels"])
     return value
@@ -129,27 +137,41 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _query_names(dependant: Dependant) -> set[str]:
-    names = {param.alias for param in dependant.query_params}
+def _repeatable(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _repeatable(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_repeatable(arg) for arg in typing.get_args(annotation))
+    return origin in (list, tuple, set, frozenset)
+
+
+def _query_params(dependant: Dependant) -> dict[str, bool]:
+    """A route's query parameters: name -> whether it may be repeated (a list)."""
+    params = {
+        param.alias: _repeatable(param.field_info.annotation) for param in dependant.query_params
+    }
     for inner in dependant.dependencies:
-        names |= _query_names(inner)
-    return names
+        params.update(_query_params(inner))
+    return params
 
 
-async def reject_unknown_query(request: Request) -> None:
-    """Refuse query parameters a route does not take (422), so that a misspelt filter
-    (``?pol=www``) is an error rather than silently ignored with everything returned."""
+async def check_query(request: Request) -> None:
+    """Refuse query parameters a route does not take, and single-valued ones given twice (422):
+    a misspelt filter (``?pol=www``) or an ambiguous one (``?pool=a&pool=b``) is an error, not
+    silently ignored with everything (or the last one) returned."""
     route = request.scope.get("route")
     if not request.query_params or not isinstance(route, APIRoute):
         return
-    unknown = sorted(set(request.query_params.keys()) - _query_names(route.dependant))
-    if unknown:
-        raise RequestValidationError(
-            [
-                {"loc": ("query", name), "msg": "unknown parameter", "type": "extra_forbidden"}
-                for name in unknown
-            ]
-        )
+    known = _query_params(route.dependant)
+    problems = []
+    for name in sorted(set(request.query_params.keys())):
+        if name not in known:
+            problems.append({"loc": ("query", name), "msg": "unknown parameter"})
+        elif not known[name] and len(request.query_params.getlist(name)) > 1:
+            problems.append({"loc": ("query", name), "msg": "given more than once"})
+    if problems:
+        raise RequestValidationError(problems)
 
 
 def _without_required(schema: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -169,7 +191,7 @@ ServerId = Annotated[str, Path(description="server id")]
 
 def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
     """The ``/v1`` routes over ``control``."""
-    router = APIRouter(prefix="/v1", dependencies=[Depends(reject_unknown_query)])
+    router = APIRouter(prefix="/v1", dependencies=[Depends(check_query)])
 
     @router.get("/status", responses=READ_ERRORS, tags=["manager"])
     async def status() -> StatusOut:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,8 @@ from api.routes import MAX_BODY
 from dnslb.control import ManagerStats, PoolView, ServerView
 from dnslb.model import Event
 from dnslb.plan import MemberState, parse_plan
+from manager.config import load_manager_config
+from manager.service import Manager
 from tests.api_support import ADMIN, AGENT, READ, RUNTIME_POOL, ApiLab
 
 
@@ -497,5 +500,50 @@ def test_the_openapi_document_states_auth_and_the_pool_schema(tmp_path: Path) ->
         assert schema["properties"]["policy"]["properties"]["k"]["maximum"] == 64
         put = document["paths"]["/v1/pools/{name}"]["put"]["requestBody"]["content"]
         assert "name" not in put["application/json"]["schema"]["required"]
+
+    run(tmp_path, scenario)
+
+
+def test_text_beyond_the_basic_plane_survives_and_lone_surrogates_are_refused(
+    tmp_path: Path,
+) -> None:
+    member = "srv-\U00010000"  # sent as the escaped surrogate pair \ud800\udc00
+
+    async def scenario(lab: ApiLab) -> None:
+        async with lab.client(ADMIN) as api:
+            body = {**RUNTIME_POOL, "members": [{"id": member, "address": "10.1.0.9"}]}
+            created = await api.post(
+                "/v1/pools", content=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
+            assert created.status_code == 201, created.text
+            assert created.json()["spec"]["members"][0]["id"] == member
+            lone = b'{"name": "x\\ud800", "zone": "example.test"}'
+            refused = await api.post("/v1/pools", content=lone)
+            assert refused.status_code == 422
+            assert refused.json()["problems"][0]["field"] == "body"
+        await lab.close()
+        lab.manager = Manager(load_manager_config(lab.path), clock=lab.clock)  # a restart
+        assert lab.manager.fleet.servers[member].record.pool == "rt"
+
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(
+    ("query", "field", "message"),
+    [
+        pytest.param("pol=www", "pol", "unknown parameter", id="misspelt"),
+        pytest.param("pool=www&pool=auto", "pool", "given more than once", id="repeated"),
+    ],
+)
+def test_query_parameters_are_checked(tmp_path: Path, query: str, field: str, message: str) -> None:
+    async def scenario(lab: ApiLab) -> None:
+        async with lab.client(READ) as api:
+            answer = await api.get(f"/v1/events?{query}")
+            assert answer.status_code == 422
+            assert answer.json()["problems"] == [
+                {"field": field, "message": f"query parameter: {message}"}
+            ]
+            repeated = await api.get("/v1/events?kind=paused&kind=resumed")
+            assert repeated.status_code == 200  # kind is a list: repeating it is how
 
     run(tmp_path, scenario)

@@ -82,7 +82,8 @@ def test_metrics_follow_the_views(tmp_path: Path) -> None:
         for labels, share in samples["dnslb_server_intended_share"]:
             shares[labels["pool"]] += share
         assert shares == {"www": pytest.approx(1.0), "auto": pytest.approx(1.0)}
-        assert "dnslb_server_answers_total" not in samples  # the manager does not count them yet
+        counted = {labels["server"]: v for labels, v in samples["dnslb_server_answers_total"]}
+        assert counted == {s.id: s.answers for s in lab.control.servers() if s.answers is not None}
 
         www = lab.control.pool("www")
         assert value(samples, "dnslb_pool_servers", pool="www", state="active") == 3
