@@ -137,7 +137,8 @@ class Manager:
     def _install_stored_pool(self, document: dict[str, object]) -> None:
         name = document.get("name")
         try:
-            pool = parse_config(json.dumps(document), PoolConfig, source=f"stored pool {name!r}")
+            text = json.dumps(document, ensure_ascii=False)  # see Control._build
+            pool = parse_config(text, PoolConfig, source=f"stored pool {name!r}")
         except ConfigError as exc:
             log.error("pool %r from the state database is invalid, skipped: %s", name, exc)
             return
