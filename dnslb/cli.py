@@ -54,7 +54,8 @@ def _pipe_backend(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
     import random  # noqa: PLC0415
 
-    from dnslb.plan_store import last_good_store, open_store  # noqa: PLC0415
+    from dnslb.errors import ConfigError  # noqa: PLC0415
+    from dnslb.plan_store import FilePlanStore, last_good_store, open_store  # noqa: PLC0415
     from pipe_backend.backend import PipeBackend  # noqa: PLC0415
 
     logging.basicConfig(
@@ -63,10 +64,20 @@ def _pipe_backend(args: argparse.Namespace) -> int:
         format=f"dnslb pipe-backend[{os.getpid()}]: %(levelname)s %(message)s",
     )
     rng = random.Random(args.seed) if args.seed is not None else random.Random()
-    store = open_store(args.plan)
+    password = None
+    if args.redis_password_file:
+        try:
+            with open(args.redis_password_file) as handle:
+                password = handle.read().strip()
+        except OSError as exc:
+            raise ConfigError(
+                "pipe backend", [f"{args.redis_password_file}: {exc.strerror}"]
+            ) from None
+    store = open_store(args.plan, password=password)
+    last_good = FilePlanStore(args.last_good) if args.last_good else last_good_store(store)
     backend = PipeBackend(
         store,
-        last_good=last_good_store(store),
+        last_good=last_good,
         rng=rng,
         poll_interval=args.poll_interval,
     )
@@ -81,8 +92,9 @@ def _pdns_config(args: argparse.Namespace) -> int:
 
     from dnslb.pdns import PdnsSettings, render_config  # noqa: PLC0415
 
+    plan = args.plan if "://" in args.plan else str(Path(args.plan).resolve())
     settings = PdnsSettings(
-        plan=str(Path(args.plan).resolve()),
+        plan=plan,
         address=args.address,
         port=args.port,
         threads=args.threads,
@@ -252,7 +264,21 @@ def build_parser() -> argparse.ArgumentParser:
     pipe = commands.add_parser(
         "pipe-backend", help="the PowerDNS pipe coprocess (use as pdns pipe-command)"
     )
-    pipe.add_argument("--plan", required=True, help="plan location: a JSON file path")
+    pipe.add_argument(
+        "--plan",
+        required=True,
+        help="plan location: a JSON file path, or redis://HOST:PORT/DB?key=NAME",
+    )
+    pipe.add_argument(
+        "--last-good",
+        default=None,
+        help="where to keep a copy of the last plan loaded (default: beside a plan file)",
+    )
+    pipe.add_argument(
+        "--redis-password-file",
+        default=None,
+        help="file holding the Redis password (else DNSLB_REDIS_PASSWORD)",
+    )
     pipe.add_argument(
         "--poll-interval",
         type=float,
@@ -263,7 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.set_defaults(handler=_pipe_backend)
 
     pdns = commands.add_parser("pdns-config", help="print a pdns.conf for the pipe backend")
-    pdns.add_argument("--plan", required=True, help="plan file the pipe backend serves")
+    pdns.add_argument(
+        "--plan", required=True, help="plan the pipe backend serves (file path or redis:// URL)"
+    )
     pdns.add_argument("--address", default="127.0.0.1", help="address pdns listens on")
     pdns.add_argument("--port", type=int, default=53, help="port pdns listens on (default 53)")
     pdns.add_argument("--threads", type=int, default=2, help="distributor threads (default 2)")

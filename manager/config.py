@@ -114,6 +114,12 @@ class PlanConfig:
     """Where and how the plan is published."""
 
     path: str = setting("plan.json", help="plan file (relative to the config file's directory)")
+    store: str | None = setting(
+        None,
+        help="publish to Redis instead of the file, for DNS servers on several hosts: "
+        "redis://HOST:PORT/DB?key=NAME",
+    )
+    redis_password: Secret | None = setting(None, help="the Redis password, as a reference")
     stale_after: float = setting(
         30.0, help="pipe backends answer with TTL floors when the plan is older than this", min=1.0
     )
@@ -122,6 +128,8 @@ class PlanConfig:
     )
 
     def config_problems(self) -> Iterator[str]:
+        if self.store is not None and not self.store.startswith("redis://"):
+            yield f"store: {self.store!r} must be a redis:// URL (or leave it out: a file)"
         if self.refresh >= self.stale_after:
             yield f"refresh ({self.refresh}) must be below stale_after ({self.stale_after})"
 
