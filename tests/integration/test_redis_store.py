@@ -113,7 +113,7 @@ def test_publish_stamp_and_read_round_trip(redis: Redis) -> None:
 
 def test_wrong_password_and_bad_urls_are_clear_errors(redis: Redis) -> None:
     wrong = open_store(redis.url(), password="nope")
-    with pytest.raises(RedisError, match="WRONGPASS|invalid password"):
+    with pytest.raises(RedisError, match=r"WRONGPASS|invalid password"):
         wrong.stamp()
     wrong.close()
     with pytest.raises(ConfigError, match="database number"):
