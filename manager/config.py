@@ -277,6 +277,11 @@ class LifecycleConfig:
     launch_backoff: float = setting(
         300.0, help="seconds launching pauses after too many failures", min=0.0
     )
+    replace_after: float = setting(
+        600.0,
+        help="a launched server down this long is terminated (and replaced if needed); 0: never",
+        min=0.0,
+    )
     reconcile_interval: float = setting(
         60.0, help="seconds between comparisons of the provider's servers with the state", min=1.0
     )

@@ -69,10 +69,28 @@ class Costs:
         return self.served / self.server_seconds if self.server_seconds else 0.0
 
 
+def _failure(exc: Exception, call: str) -> str:
+    """What a failed provider call says; an exception that is not a ProviderError is a bug in
+    the provider: logged with its traceback, and still only fails this one server."""
+    if isinstance(exc, ProviderError):
+        return str(exc)
+    log.error("provider %s raised an unexpected error", call, exc_info=exc)
+    return f"unexpected {type(exc).__name__} from the provider's {call}: {exc}"
+
+
 def server_cost(server: ServerRecord, now: float) -> float:
     """Server-seconds from the launch request (or configuration) to termination (or ``now``)."""
     end = server.terminated_at if server.terminated_at is not None else now
     return max(0.0, end - server.created_at)
+
+
+@dataclass(slots=True)
+class _Retirement:
+    """A server to terminate, and when to try (again): a failing terminate backs off."""
+
+    why: str
+    next_try: float = float("-inf")
+    attempts: int = 0
 
 
 @dataclass(slots=True)
@@ -91,6 +109,7 @@ class PoolLifecycle:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     terminating: set[str] = field(default_factory=set)
     launching: set[str] = field(default_factory=set)
+    retiring: dict[str, _Retirement] = field(default_factory=dict)
     next_reconcile: float = float("-inf")
 
     # -- every tick ---------------------------------------------------------------------------
@@ -98,7 +117,9 @@ class PoolLifecycle:
     def tick(self, now: float, wall: float) -> Decision:
         """Run the autoscaler and move launches, warm-ups and drains along."""
         self._check_warming(wall)
+        self._check_down(wall)
         self._check_draining(wall)
+        self._run_retirements(now)
         if self.provider.can_launch and now >= self.next_reconcile:
             self.next_reconcile = now + self.config.reconcile_interval
             self._spawn(self.reconcile(), f"reconcile {self.pool.name}")
@@ -127,7 +148,7 @@ class PoolLifecycle:
     def _views(self) -> Iterator[ServerLoadView]:
         for server in self.pool.servers.values():
             state = server.state
-            if not state.counts_as_capacity:
+            if not state.counts_as_capacity or server.id in self.retiring:
                 continue
             report = server.report
             capacity = server.max_concurrency or self.scaling_capacity()
@@ -177,9 +198,9 @@ class PoolLifecycle:
     async def _launch(self, server: ServerRuntime, request: LaunchRequest) -> None:
         try:
             instance = await self.provider.launch(request)
-        except ProviderError as exc:
+        except Exception as exc:  # any failure fails this launch, nothing more
             self.launching.discard(server.id)
-            self._launch_failed(server, str(exc))
+            self._launch_failed(server, _failure(exc, "launch"))
             return
         self.fleet.update(server, provider_ref=instance.ref)
         await self._await_running(server, instance)
@@ -199,8 +220,8 @@ class PoolLifecycle:
                     )
                 await self.clock.sleep(self.config.describe_interval)
                 instance = await self.provider.describe(instance.ref)
-        except ProviderError as exc:
-            self._launch_failed(server, str(exc))
+        except Exception as exc:  # any failure fails this launch, nothing more
+            self._launch_failed(server, _failure(exc, "describe"))
             return
         finally:
             self.launching.discard(server.id)
@@ -220,7 +241,7 @@ class PoolLifecycle:
         self.failed_launches += 1
         self.fleet.log(wall, "launch_failed", why, pool=self.pool.name, server=server.id)
         if server.record.provider_ref:
-            self._spawn(self._terminate(server, f"launch failed: {why}"), f"clean up {server.id}")
+            self.retire(server, f"launch failed: {why}")
         else:
             self._terminated(server, f"launch failed: {why}")
         if self.failed_launches >= self.config.max_failed_launches:
@@ -238,7 +259,7 @@ class PoolLifecycle:
         for server in list(self.pool.servers.values()):
             if server.state is ServerState.ACTIVE and server.record.origin == self.provider.kind:
                 self.failed_launches = 0
-            if server.state is not ServerState.WARMING or server.id in self.terminating:
+            if server.state is not ServerState.WARMING or server.id in self.retiring:
                 continue
             waited = wall - server.record.created_at
             if waited > self.config.warming_timeout:
@@ -250,10 +271,45 @@ class PoolLifecycle:
                     pool=self.pool.name,
                     server=server.id,
                 )
-                self._spawn(
-                    self._terminate(server, "never became healthy; replaced"),
-                    f"terminate {server.id}",
+                self.retire(server, "never became healthy; replaced")
+
+    def _check_down(self, wall: float) -> None:
+        """A launched server down for ``replace_after`` costs and serves nobody: replace it."""
+        limit = self.config.replace_after
+        if limit <= 0 or not self.provider.can_launch:
+            return
+        for server in list(self.pool.servers.values()):
+            if (
+                server.state is ServerState.DOWN
+                and server.record.origin == self.provider.kind
+                and server.id not in self.retiring
+                and wall - server.record.state_since > limit
+            ):
+                self.retire(
+                    server,
+                    f"down for more than {limit:g} s ({server.record.state_reason}); replaced",
                 )
+
+    def retire(self, server: ServerRuntime, why: str) -> None:
+        """Terminate ``server`` now, and again with backoff while the provider call fails. A
+        server being retired no longer counts as capacity."""
+        if server.id not in self.retiring:
+            self.retiring[server.id] = _Retirement(why)
+            self._run_retirements(self.clock.monotonic(), only=server.id)
+
+    def _run_retirements(self, now: float, only: str | None = None) -> None:
+        for server_id, retirement in list(self.retiring.items()):
+            if only is not None and server_id != only:
+                continue
+            server = self.fleet.servers.get(server_id)
+            if server is None:
+                del self.retiring[server_id]
+                continue
+            if server_id in self.terminating or now < retirement.next_try:
+                continue
+            retirement.attempts += 1
+            retirement.next_try = now + min(300.0, 5.0 * 2 ** (retirement.attempts - 1))
+            self._spawn(self._terminate(server, retirement.why), f"terminate {server_id}")
 
     # -- reconcile ----------------------------------------------------------------------------
 
@@ -306,23 +362,23 @@ class PoolLifecycle:
             self._unknown(instance, wall)
 
     def _unknown(self, instance: Instance, wall: float) -> None:
-        server_id, address = instance.server_id, instance.address
+        server_id = instance.server_id
         if (
             self.config.adopt_unknown
             and instance.token_hash
             and server_id is not None
-            and address is not None
             and server_id not in self.fleet.servers
         ):
-            self.fleet.add_server(
+            running = instance.status is InstanceStatus.RUNNING and instance.address
+            server = self.fleet.add_server(
                 ServerRecord(
                     id=server_id,
                     pool=self.pool.name,
-                    address=address,
+                    address=instance.address or "",
                     check_address=instance.check_address,
                     origin=self.provider.kind,
-                    state=ServerState.WARMING,
-                    state_reason="adopted: running for this pool but unknown to the state",
+                    state=ServerState.WARMING if running else ServerState.LAUNCHING,
+                    state_reason="adopted: runs for this pool but the state did not know it",
                     state_since=wall,
                     created_at=wall,
                     token_hash=instance.token_hash,
@@ -331,6 +387,9 @@ class PoolLifecycle:
                 event=f"adopted unknown instance {instance.ref}",
                 now=wall,
             )
+            if not running:  # still booting: wait for it like any launch
+                self.launching.add(server_id)
+                self._spawn(self._await_running(server, instance), f"adopt {server_id}")
             return
         self.fleet.log(
             wall,
@@ -359,7 +418,7 @@ class PoolLifecycle:
 
     def _check_draining(self, wall: float) -> None:
         for server in list(self.pool.servers.values()):
-            if server.state is not ServerState.DRAINING or server.id in self.terminating:
+            if server.state is not ServerState.DRAINING or server.id in self.retiring:
                 continue
             if not self.provider.can_launch:
                 continue  # a static server stays drained until an operator brings it back
@@ -376,24 +435,29 @@ class PoolLifecycle:
                 )
             else:
                 continue
-            self._spawn(self._terminate(server, why), f"terminate {server.id}")
+            self.retire(server, why)
 
     async def _terminate(self, server: ServerRuntime, why: str) -> None:
         self.terminating.add(server.id)
         try:
             if server.record.provider_ref:
                 await self.provider.terminate(server.record.provider_ref)
-        except ProviderError as exc:
+        except Exception as exc:  # logged as an event; retried with backoff
+            retirement = self.retiring.get(server.id)
+            retry = ""
+            if retirement is not None:
+                retry = f"; trying again in {retirement.next_try - self.clock.monotonic():.0f} s"
             self.fleet.log(
                 self.clock.time(),
                 "terminate_failed",
-                f"{exc}; will retry",
+                f"{_failure(exc, 'terminate')}{retry}",
                 pool=self.pool.name,
                 server=server.id,
             )
             return
         finally:
             self.terminating.discard(server.id)
+        self.retiring.pop(server.id, None)
         self._terminated(server, why)
 
     def _terminated(self, server: ServerRuntime, why: str) -> None:

@@ -405,23 +405,34 @@ class Manager:
             await _wait_any(stop, timeout=interval)
 
     def _assess(self, pool: PoolRuntime, server: ServerRuntime, now: float, wall: float) -> None:
-        healthy, reason = health_of(
-            server,
-            now=now,
-            down_after=self.config.down_after,
-            started_at=self.started_at,
-            checked=pool.config.health_check is not None,
-        )
-        state = server.state
-        if healthy is True and state in (ServerState.WARMING, ServerState.DOWN):
-            self.fleet.transition(server, ServerState.ACTIVE, reason, now=wall)
-        elif healthy is False and state is ServerState.ACTIVE:
-            self.fleet.transition(server, ServerState.DOWN, reason, now=wall)
         report = server.report
-        if report is not None and report.seq != server.folded_seq and server.report_at is not None:
-            utilization = report.utilization
-            if utilization is not None:
-                server.load = update_load(server.load, utilization, server.report_at, pool.policy)
+        report_at = server.report_at
+        state = server.record.state
+        checked = pool.config.health_check is not None
+        steady = (  # the common case, kept cheap: an active server reporting fine
+            state is ServerState.ACTIVE
+            and report is not None
+            and report_at is not None
+            and now - report_at <= self.config.down_after
+            and not report.error
+            and not checked
+        )
+        if not steady:
+            healthy, reason = health_of(
+                server,
+                now=now,
+                down_after=self.config.down_after,
+                started_at=self.started_at,
+                checked=checked,
+            )
+            if healthy is True and state in (ServerState.WARMING, ServerState.DOWN):
+                self.fleet.transition(server, ServerState.ACTIVE, reason, now=wall)
+            elif healthy is False and state is ServerState.ACTIVE:
+                self.fleet.transition(server, ServerState.DOWN, reason, now=wall)
+        if report is not None and report_at is not None and report.seq != server.folded_seq:
+            if report.in_progress is not None and report.max_concurrency:
+                utilization = report.in_progress / report.max_concurrency
+                server.load = update_load(server.load, utilization, report_at, pool.config.policy)
             server.folded_seq = report.seq
         paused = server.load.paused if server.load is not None else False
         if paused != server.paused and server.state is ServerState.ACTIVE:

@@ -32,6 +32,10 @@ class MemoryProviderConfig:
     boot_time: float = setting(0.0, help="seconds a server takes to run", min=0.0)
     network: str = setting("10.99.0", help="first three octets of the servers' addresses")
     fail_launches: int = setting(0, help="the first N launches fail", min=0)
+    fail_terminations: int = setting(0, help="the first N terminations fail", min=0)
+    broken_launches: int = setting(
+        0, help="the first N launches raise an unexpected error (a provider bug)", min=0
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,8 @@ class MemoryProvider(Provider):
         super().__init__(config, context)  # type: ignore[arg-type]
         self.machines = self.accounts.setdefault(str(self.context.state_dir), {})
         self.failures_left = config.fail_launches
+        self.terminate_failures_left = config.fail_terminations
+        self.broken_left = config.broken_launches
         self.calls: list[str] = []
 
     @property
@@ -62,6 +68,9 @@ class MemoryProvider(Provider):
         for machine in self.machines.values():  # idempotent by server id
             if machine.instance.server_id == request.server_id:
                 return machine.instance
+        if self.broken_left > 0:
+            self.broken_left -= 1
+            raise RuntimeError("memory provider told to break")
         if self.failures_left > 0:
             self.failures_left -= 1
             raise ProviderError("launch refused (memory provider told to fail)")
@@ -93,6 +102,9 @@ class MemoryProvider(Provider):
 
     async def terminate(self, ref: str) -> None:
         self.calls.append(f"terminate {ref}")
+        if self.terminate_failures_left > 0:
+            self.terminate_failures_left -= 1
+            raise ProviderError("terminate refused (memory provider told to fail)")
         self.machines.pop(ref, None)
 
     async def list_owned(self) -> list[Instance]:

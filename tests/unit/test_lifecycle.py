@@ -336,3 +336,80 @@ def test_reconcile_does_not_judge_a_server_on_a_listing_older_than_its_launch(
         assert not [e for e in lab.events("state") if "no longer exists" in e]
 
     run(scenario)
+
+
+def test_a_failing_termination_is_retried_with_backoff(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("boot_time: 5}", "boot_time: 5, fail_terminations: 3}"))
+        await lab.run(8, 10)
+        [victim_id] = lab.servers(ServerState.ACTIVE)
+        victim = lab.manager.fleet.servers[victim_id]
+        lab.manager.lifecycles["www"].drain(victim, "test", lab.clock.time())
+        await lab.run(60, 0)
+        failures = lab.events("terminate_failed")
+        assert len(failures) == 3  # once per attempt, not once per tick
+        assert "trying again in" in failures[0]
+        assert victim.state is ServerState.TERMINATED
+        attempts = [c for c in lab.provider.calls if c.startswith("terminate")]
+        assert len(attempts) == 4  # three refusals, then done: 5 s, 10 s, 20 s apart
+
+    run(scenario)
+
+
+def test_a_launched_server_down_too_long_is_replaced(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        lab = Lab(
+            tmp_path,
+            CONFIG.replace(
+                "reconcile_interval: 1000", "reconcile_interval: 1000, replace_after: 10"
+            ),
+        )
+        await lab.run(8, 10)
+        [first] = lab.servers(ServerState.ACTIVE)
+        # Its agent falls silent: down after 3 s, replaced 10 s later; a new one takes over.
+        for _ in range(25):
+            lab.clock.advance(1)
+            lab.manager.tick()
+            await lab.manager.settle()
+        assert first not in lab.manager.fleet.servers
+        assert any(
+            e.startswith(f"{first}: down -> terminated: down for more than 10 s")
+            for e in lab.events("state")
+        )
+        assert lab.servers(ServerState.LAUNCHING, ServerState.WARMING, ServerState.ACTIVE)
+
+    run(scenario)
+
+
+def test_a_provider_bug_fails_one_launch_and_nothing_is_stuck(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("boot_time: 5}", "boot_time: 5, broken_launches: 1}"))
+        await lab.run(10, 10)
+        [failure] = lab.events("launch_failed")
+        assert "unexpected RuntimeError from the provider's launch" in failure
+        assert len(lab.servers(ServerState.ACTIVE)) == 1  # the next launch worked
+
+    run(scenario)
+    assert "provider launch raised an unexpected error" in caplog.text
+
+
+def test_reconcile_adopts_an_unknown_instance_that_is_still_booting(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        config = CONFIG.replace("launch_backoff: 100}", "launch_backoff: 100, adopt_unknown: true}")
+        lab = Lab(tmp_path, config)
+        await lab.run(8, 10)
+        stray = await lab.provider.launch(
+            LaunchRequest(server_id="www-booting", pool="www", agent_token="t", manager_url="")
+        )
+        await lab.manager.lifecycles["www"].reconcile()
+        assert lab.manager.fleet.servers["www-booting"].state is ServerState.LAUNCHING
+        for _ in range(8):  # boot_time 5 s
+            lab.clock.advance(1)
+            lab.manager.tick()
+            await lab.manager.settle()
+        assert lab.manager.fleet.servers["www-booting"].state is ServerState.WARMING
+        assert stray.ref in lab.provider.machines
+
+    run(scenario)
