@@ -134,9 +134,28 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _lab(args: argparse.Namespace) -> int:
-    from dnslb.lab import run_lab  # noqa: PLC0415
+    from dnslb.lab.runner import run_lab  # noqa: PLC0415
 
     return run_lab(args)
+
+
+def _origin(args: argparse.Namespace) -> int:
+    import os  # noqa: PLC0415
+
+    from dnslb.config import parse_config  # noqa: PLC0415
+    from dnslb.lab.objects import ObjectCatalog  # noqa: PLC0415
+    from dnslb.lab.origin import serve  # noqa: PLC0415
+
+    catalog = parse_config(
+        f"{{count: {args.objects}, mean_size: {args.mean_size}, min_size: {args.min_size}}}",
+        ObjectCatalog,
+        source="dnslb origin options",
+    )
+    if args.pid_file:
+        with open(args.pid_file, "w") as handle:
+            handle.write(f"{os.getpid()}\n")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    return serve(args.address, args.port, catalog, args.max_age)
 
 
 def _node_agent(args: argparse.Namespace) -> int:
@@ -197,6 +216,49 @@ def _sim(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
+    """``dnslb lab``'s options (here, so that building the parser imports nothing more)."""
+    parser.add_argument(
+        "--workdir",
+        help="the lab's directory, every file of a run (default ~/.local/state/dnslb/lab)",
+    )
+    parser.add_argument("--dns-port", type=int, default=5300, help="DNS port on 127.0.0.1 (5300)")
+    parser.add_argument(
+        "--api-port", type=int, default=8700, help="manager: API, dashboard, metrics (8700)"
+    )
+    parser.add_argument(
+        "--http-port", type=int, default=8080, help="port of every cache server (8080)"
+    )
+    parser.add_argument(
+        "--origin-port", type=int, default=8000, help="origin port on 127.0.0.1 (8000)"
+    )
+    parser.add_argument(
+        "--network", default="127.0.1", help="cache servers' addresses NETWORK.1, .2... (127.0.1)"
+    )
+    parser.add_argument(
+        "--boot-delay", type=float, default=10.0, help="seconds a cache server takes to boot (10)"
+    )
+    parser.add_argument("--min-servers", type=int, default=1, help="autoscaling floor (1)")
+    parser.add_argument("--max-servers", type=int, default=4, help="autoscaling ceiling (4)")
+    parser.add_argument("--k", type=int, help="addresses per answer (policy default: 4)")
+    parser.add_argument("--ttl-max", type=int, help="TTL at low load (policy default: 60)")
+    parser.add_argument("--ttl-min", type=int, help="TTL near th_over (policy default: 5)")
+    parser.add_argument(
+        "--th-over", type=float, help="pause a server above this utilization (default: 0.8)"
+    )
+    parser.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep the state database and samples of the last run (default: start clean)",
+    )
+    parser.add_argument(
+        "--no-api", action="store_true", help="run the manager without the REST API and dashboard"
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="start, show a few answers, stop (a smoke test)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dnslb", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dnslb {__version__}")
@@ -247,14 +309,25 @@ def build_parser() -> argparse.ArgumentParser:
     docs.add_argument("--check", action="store_true", help="only check that they are current")
     docs.set_defaults(handler=_docs)
 
-    lab = commands.add_parser("lab", help="run the local lab (PowerDNS + pipe backend)")
-    lab.add_argument("--plan", default=None, help="plan to serve (default: the example plan)")
-    lab.add_argument("--dns-port", type=int, default=5300, help="DNS port on 127.0.0.1")
-    lab.add_argument("--workdir", default=None, help="directory for the lab's files")
-    lab.add_argument(
-        "--once", action="store_true", help="show a few answers and stop instead of waiting"
+    lab = commands.add_parser(
+        "lab",
+        help="run the local lab: origin, manager with local cache servers, PowerDNS",
+        description="Run the local lab until Ctrl-C: an origin, the manager (REST API, "
+        "dashboard, metrics) launching nginx cache servers with agents on 127.0.1.x, PowerDNS "
+        "with the pipe backend. Everything on loopback; docs/lab.md.",
     )
+    add_lab_arguments(lab)
     lab.set_defaults(handler=_lab)
+
+    origin = commands.add_parser("origin", help="the lab's origin web server (GET /objects/N)")
+    origin.add_argument("--address", default="127.0.0.1", help="listen address (127.0.0.1)")
+    origin.add_argument("--port", type=int, default=8000, help="listen port (8000)")
+    origin.add_argument("--objects", type=int, default=100, help="number of objects (100)")
+    origin.add_argument("--mean-size", type=int, default=10240, help="mean size, bytes (10240)")
+    origin.add_argument("--min-size", type=int, default=2048, help="smallest size, bytes (2048)")
+    origin.add_argument("--max-age", type=int, default=600, help="Cache-Control max-age (600)")
+    origin.add_argument("--pid-file", help="write the process id here")
+    origin.set_defaults(handler=_origin)
 
     node = commands.add_parser(
         "node-agent", help="the agent of a single-IP cluster node (installs dispatch tables)"

@@ -44,7 +44,9 @@ class OriginServer(ThreadingHTTPServer):
         try:
             super().__init__((address, port), _Handler)
         except OSError as exc:
-            raise ProcessError(f"origin cannot listen on {address}:{port}: {exc.strerror}") from None
+            raise ProcessError(
+                f"origin cannot listen on {address}:{port}: {exc.strerror}"
+            ) from None
 
     def count_hit(self) -> None:
         with self._lock:
