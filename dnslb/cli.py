@@ -139,6 +139,12 @@ def _lab(args: argparse.Namespace) -> int:
     return run_lab(args)
 
 
+def _loadtest(args: argparse.Namespace) -> int:
+    from loadtest.run import main as loadtest_main  # noqa: PLC0415
+
+    return loadtest_main(args)
+
+
 def _origin(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
 
@@ -259,6 +265,34 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
+    """``dnslb loadtest``'s options."""
+    parser.add_argument("--lab", help="the lab's directory (default: the lab's default)")
+    parser.add_argument("--out", help="output directory (default LAB/loadtest/TIMESTAMP)")
+    parser.add_argument("--start-users", type=int, default=20, help="users at the start (20)")
+    parser.add_argument("--step-users", type=int, default=20, help="users added each step (20)")
+    parser.add_argument("--step-time", type=float, default=30.0, help="seconds a step (30)")
+    parser.add_argument("--steps", type=int, default=5, help="steps after the start (5)")
+    parser.add_argument("--hold", type=float, default=30.0, help="seconds at the peak (30)")
+    parser.add_argument("--think-time", type=float, default=1.0, help="mean think time (1 s)")
+    parser.add_argument(
+        "--ignore-ttl", type=float, default=0.1, help="fraction of users ignoring TTLs (0.1)"
+    )
+    parser.add_argument(
+        "--ignore-ttl-hold",
+        type=float,
+        default=600.0,
+        help="seconds such a user keeps an answer (600)",
+    )
+    parser.add_argument(
+        "--connect", choices=["first", "random"], default="first", help="address used (first)"
+    )
+    parser.add_argument(
+        "--request-timeout", type=float, default=60.0, help="a user gives up after (60 s)"
+    )
+    parser.add_argument("--seed", type=int, help="seed of the users' random choices")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dnslb", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dnslb {__version__}")
@@ -318,6 +352,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_lab_arguments(lab)
     lab.set_defaults(handler=_lab)
+
+    loadtest = commands.add_parser(
+        "loadtest",
+        help="a headless locust step-load run against a lab, with CSV output",
+        description="Run locust headless against a running lab (its lab.json says where): "
+        "users resolve the load-balanced name through the lab's DNS with their own TTL-"
+        "honouring caches, on a step load. Writes locust's CSVs and requests.csv.",
+    )
+    add_loadtest_arguments(loadtest)
+    loadtest.set_defaults(handler=_loadtest)
 
     origin = commands.add_parser("origin", help="the lab's origin web server (GET /objects/N)")
     origin.add_argument("--address", default="127.0.0.1", help="listen address (127.0.0.1)")

@@ -651,7 +651,7 @@ def where(lab: Lab) -> str:
         "                 origin.log, pdns/pdns.log, providers/<pool>/<server>/ (nginx, agent)",
         "",
         "Load it and measure it (from another terminal):",
-        f"  dnslb loadtest --lab {work} --users 120 --step-users 20 --step-time 30",
+        f"  dnslb loadtest --lab {work} --start-users 20 --step-users 20 --steps 5 --step-time 30",
         f"  dnslb report --lab {work}",
         "",
         "Ctrl-C stops everything.",
