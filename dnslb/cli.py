@@ -145,6 +145,12 @@ def _loadtest(args: argparse.Namespace) -> int:
     return loadtest_main(args)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from dnslb.lab.report import main as report_main  # noqa: PLC0415
+
+    return report_main(args)
+
+
 def _origin(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
 
@@ -362,6 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_loadtest_arguments(loadtest)
     loadtest.set_defaults(handler=_loadtest)
+
+    report = commands.add_parser(
+        "report",
+        help="the paper's columns, plots and scale events of a lab run (HTML, PNG, CSV)",
+    )
+    report.add_argument("--lab", help="the lab's directory (default: the lab's default)")
+    report.add_argument("--loadtest", help="the load test's output (default: the newest)")
+    report.add_argument("--out", help="where to write it (default LOADTEST/report)")
+    report.add_argument("--name", default="lab run", help="the case's name in tables")
+    report.set_defaults(handler=_report)
 
     origin = commands.add_parser("origin", help="the lab's origin web server (GET /objects/N)")
     origin.add_argument("--address", default="127.0.0.1", help="listen address (127.0.0.1)")
