@@ -151,6 +151,12 @@ def _report(args: argparse.Namespace) -> int:
     return report_main(args)
 
 
+def _experiments(args: argparse.Namespace) -> int:
+    from loadtest.experiments import main as experiments_main  # noqa: PLC0415
+
+    return experiments_main(args)
+
+
 def _origin(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
 
@@ -378,6 +384,27 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help="where to write it (default LOADTEST/report)")
     report.add_argument("--name", default="lab run", help="the case's name in tables")
     report.set_defaults(handler=_report)
+
+    experiments = commands.add_parser(
+        "experiments",
+        help="replay the paper's cases (tables 1-4) on the lab; one table of its columns",
+    )
+    experiments.add_argument(
+        "--out", help="results directory (default ~/.local/state/dnslb/experiments/TIME)"
+    )
+    experiments.add_argument(
+        "--case-duration", type=float, default=240.0, help="seconds of load per case (240)"
+    )
+    experiments.add_argument("--peak-users", type=int, default=105, help="users at the peak")
+    experiments.add_argument("--max-servers", type=int, default=4, help="autoscaling ceiling")
+    experiments.add_argument("--boot-delay", type=float, default=10.0, help="seconds (10)")
+    experiments.add_argument("--tables", help="only these tables, e.g. 1,3 (default all)")
+    experiments.add_argument("--cases", help="only cases whose key matches this regex (t3-c)")
+    experiments.add_argument("--dns-port", type=int, default=5300, help="DNS port (5300)")
+    experiments.add_argument("--api-port", type=int, default=8700, help="manager port (8700)")
+    experiments.add_argument("--http-port", type=int, default=8080, help="cache port (8080)")
+    experiments.add_argument("--origin-port", type=int, default=8000, help="origin (8000)")
+    experiments.set_defaults(handler=_experiments)
 
     origin = commands.add_parser("origin", help="the lab's origin web server (GET /objects/N)")
     origin.add_argument("--address", default="127.0.0.1", help="listen address (127.0.0.1)")

@@ -2,16 +2,18 @@
 
 :class:`LabSettings` holds every knob of a lab run (ports, the cache servers' emulated capacity,
 the pool's policy and autoscaling); :func:`manager_config` renders the ``manager.yaml`` the lab's
-manager reads. Both are pure. The defaults are the calibration of ``docs/lab.md``: a cache
-server starts at most ``capacity_rps`` requests a second and spends on each a time proportional
-to the object's size (0.5 s on average), so that ``max_concurrency = capacity_rps x 0.5 s``
-requests are in progress at full load and more than that wait in its queue.
+manager reads. Both are pure. The defaults are the calibration of ``docs/lab.md``
+(``bench/lab_capacity.py`` measures it): a cache server starts at most ``capacity_rps`` requests
+a second and spends on each a time proportional to the object's size (0.57 s on average as
+measured, 0.5 s of paced sending plus nginx's own), so that ``max_concurrency`` = 20/s x 0.57 s
+~ 12 requests are in progress at full load, and more than that wait in its queue.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from dnslb.config import to_document
+from dnslb.config import parse_config, to_document
+from dnslb.errors import ConfigError
 from dnslb.lab.objects import ObjectCatalog
 from dnslb.policy import PoolPolicy
 from dnslb.scaling import ScalingPolicy
@@ -61,7 +64,7 @@ class LabSettings:
     pool: str = LAB_POOL
     boot_delay: float = 10.0
     capacity_rps: float = 20.0
-    max_concurrency: int = 10
+    max_concurrency: int = 12
     send_rate: int = 16384
     send_chunk: int = 2048
     objects: ObjectCatalog = field(default_factory=ObjectCatalog)
@@ -133,6 +136,17 @@ class LabSettings:
                 f"{self.send_chunk}: smaller responses leave at once"
             )
         yield from self.objects.config_problems()
+        for what, value in (("policy", self.policy), ("scaling", self.scaling)):
+            yield from _config_problems(what, value)
+
+
+def _config_problems(what: str, value: object) -> Iterator[str]:
+    """The problems the manager would find in ``value`` (bounds, combinations), named ``what``:
+    built back from its document by the same loader as the manager's configuration."""
+    try:
+        parse_config(json.dumps(to_document(value)), type(value), source=what)
+    except ConfigError as exc:
+        yield from exc.problems
 
 
 def manager_config(settings: LabSettings, *, api_token_file: Path | None) -> str:
