@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -90,7 +91,12 @@ async def one_rate(settings: LabSettings, rate: float, seconds: float) -> dict[s
     }
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM too runs the finally below: nothing is left running
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupted)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=40.0, help="seconds per rate")
     parser.add_argument(
@@ -108,6 +114,8 @@ def main() -> None:
                 "-m",
                 "dnslb",
                 "origin",
+                "--pid-file",
+                f"{work}/origin.pid",
                 "--port",
                 str(settings.origin_port),
                 "--objects",
