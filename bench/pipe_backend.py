@@ -60,7 +60,7 @@ from pathlib import Path
 from types import FrameType
 
 from dnslb.errors import DnslbError
-from dnslb.pdns import PdnsServer, PdnsSettings, render_config
+from dnslb.pdns import PdnsServer, PdnsSettings, process_settings, render_config
 from dnslb.plan import Member, MemberState, Plan, Pool, Record, Soa, Zone, plan_to_json
 from dnslb.selection import answer_ttl
 
@@ -181,16 +181,7 @@ zone-cache-refresh-interval=0
 consistent-backends=no
 no-shuffle=yes
 distributor-threads={settings.threads}
-local-address={settings.address}
-local-port={settings.port}
-socket-dir={workdir}
-guardian=no
-daemon=no
-disable-syslog=yes
-write-pid=no
-log-timestamp=no
-loglevel=4
-"""
+{process_settings(settings, workdir)}"""
 
 
 def free_port(address: str, start: int, taken: set[int]) -> int:

@@ -12,11 +12,16 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from dnslb import __version__
 from dnslb.errors import DnslbError
 
+if TYPE_CHECKING:
+    from manager.service import Manager
+
 Handler = Callable[[argparse.Namespace], int]
+log = logging.getLogger("dnslb")
 
 
 def _plan_check(args: argparse.Namespace) -> int:
@@ -49,7 +54,8 @@ def _pipe_backend(args: argparse.Namespace) -> int:
     import os  # noqa: PLC0415
     import random  # noqa: PLC0415
 
-    from dnslb.plan_store import last_good_store, open_store  # noqa: PLC0415
+    from dnslb.errors import ConfigError  # noqa: PLC0415
+    from dnslb.plan_store import FilePlanStore, last_good_store, open_store  # noqa: PLC0415
     from pipe_backend.backend import PipeBackend  # noqa: PLC0415
 
     logging.basicConfig(
@@ -58,10 +64,20 @@ def _pipe_backend(args: argparse.Namespace) -> int:
         format=f"dnslb pipe-backend[{os.getpid()}]: %(levelname)s %(message)s",
     )
     rng = random.Random(args.seed) if args.seed is not None else random.Random()
-    store = open_store(args.plan)
+    password = None
+    if args.redis_password_file:
+        try:
+            with open(args.redis_password_file) as handle:
+                password = handle.read().strip()
+        except OSError as exc:
+            raise ConfigError(
+                "pipe backend", [f"{args.redis_password_file}: {exc.strerror}"]
+            ) from None
+    store = open_store(args.plan, password=password)
+    last_good = FilePlanStore(args.last_good) if args.last_good else last_good_store(store)
     backend = PipeBackend(
         store,
-        last_good=last_good_store(store),
+        last_good=last_good,
         rng=rng,
         poll_interval=args.poll_interval,
     )
@@ -76,8 +92,9 @@ def _pdns_config(args: argparse.Namespace) -> int:
 
     from dnslb.pdns import PdnsSettings, render_config  # noqa: PLC0415
 
+    plan = args.plan if "://" in args.plan else str(Path(args.plan).resolve())
     settings = PdnsSettings(
-        plan=str(Path(args.plan).resolve()),
+        plan=plan,
         address=args.address,
         port=args.port,
         threads=args.threads,
@@ -114,10 +131,46 @@ def _manager(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await Manager(loaded).run(stop)
+        manager = Manager(loaded)
+        attach_api(manager)
+        await manager.run(stop)
 
     asyncio.run(main())
     return 0
+
+
+def attach_api(manager: Manager) -> None:
+    """Serve the REST API, ``/metrics`` and the dashboard from ``manager``'s HTTP listener.
+
+    Here, because this is the one place that knows both components: the API sees the manager
+    only through :class:`dnslb.control.ManagerControl`.
+    """
+    from api.app import create_app  # noqa: PLC0415
+    from api.auth import ApiAuth  # noqa: PLC0415
+    from dnslb.config import json_schema  # noqa: PLC0415
+    from manager.config import MemberConfig, PoolConfig  # noqa: PLC0415
+    from manager.control import Control  # noqa: PLC0415
+
+    config = manager.config
+    if not config.auth.api_tokens:
+        log.warning("no auth.api_tokens configured: the REST API and dashboard refuse every call")
+    auth = ApiAuth.from_tokens(
+        ((entry.token.reveal(), entry.role) for entry in config.auth.api_tokens),
+        metrics_public=config.auth.metrics_public,
+    )
+    manager.api = create_app(
+        Control(manager),
+        auth=auth,
+        pool_schema=json_schema(PoolConfig),
+        member_schema=json_schema(MemberConfig),
+        cors_origins=config.http.cors_origins,
+    )
+
+
+def _ctl(args: argparse.Namespace) -> int:
+    from api.ctl import run  # noqa: PLC0415
+
+    return run(args)
 
 
 def _docs(args: argparse.Namespace) -> int:
@@ -319,7 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
     pipe = commands.add_parser(
         "pipe-backend", help="the PowerDNS pipe coprocess (use as pdns pipe-command)"
     )
-    pipe.add_argument("--plan", required=True, help="plan location: a JSON file path")
+    pipe.add_argument(
+        "--plan",
+        required=True,
+        help="plan location: a JSON file path, or redis://HOST:PORT/DB?key=NAME",
+    )
+    pipe.add_argument(
+        "--last-good",
+        default=None,
+        help="where to keep a copy of the last plan loaded (default: beside a plan file)",
+    )
+    pipe.add_argument(
+        "--redis-password-file",
+        default=None,
+        help="file holding the Redis password (else DNSLB_REDIS_PASSWORD)",
+    )
     pipe.add_argument(
         "--poll-interval",
         type=float,
@@ -330,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.set_defaults(handler=_pipe_backend)
 
     pdns = commands.add_parser("pdns-config", help="print a pdns.conf for the pipe backend")
-    pdns.add_argument("--plan", required=True, help="plan file the pipe backend serves")
+    pdns.add_argument(
+        "--plan", required=True, help="plan the pipe backend serves (file path or redis:// URL)"
+    )
     pdns.add_argument("--address", default="127.0.0.1", help="address pdns listens on")
     pdns.add_argument("--port", type=int, default=53, help="port pdns listens on (default 53)")
     pdns.add_argument("--threads", type=int, default=2, help="distributor threads (default 2)")
@@ -350,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     manager.set_defaults(handler=_manager)
+
+    _add_ctl(commands)
 
     docs = commands.add_parser("docs", help="regenerate the configuration references in docs/")
     docs.add_argument("--check", action="store_true", help="only check that they are current")
@@ -489,6 +560,47 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPUs)")
     sim.set_defaults(handler=_sim)
     return parser
+
+
+def _add_ctl(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ctl = commands.add_parser(
+        "ctl",
+        help="operate a running manager over its REST API",
+        description="Operate a running manager over its REST API. Exit status: 0 done, 1 "
+        "refused (404, 409, 422), 2 usage, 3 token refused (401, 403), 4 unreachable.",
+    )
+    ctl.add_argument("--url", help="manager URL (default $DNSLB_URL or http://127.0.0.1:8700)")
+    source = ctl.add_mutually_exclusive_group()
+    source.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="environment variable holding the API token (default DNSLB_API_TOKEN)",
+    )
+    source.add_argument("--token-file", metavar="PATH", help="file holding the API token")
+    ctl.add_argument("--json", action="store_true", help="print the API's JSON")
+    ctl.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    actions = ctl.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
+    actions.add_parser("status", help="readiness, plan, servers by state, pools")
+    actions.add_parser("pools", help="pools with servers, cost, scale events")
+    servers = actions.add_parser("servers", help="servers with state, load, weight, TTL")
+    servers.add_argument("pool", nargs="?", help="only this pool's servers")
+    for action, what in (
+        ("pause", "leave a server out of answers (still measured) until resume"),
+        ("resume", "clear an operator's pause"),
+        ("disable", "take a server out whatever its health, until enable"),
+        ("enable", "bring a disabled or drained server back (after a healthy report)"),
+        ("drain", "take a server out of answers; a launched one is then terminated"),
+    ):
+        command = actions.add_parser(action, help=what)
+        command.add_argument("server", metavar="ID", help="server id")
+        command.add_argument("--reason", default="", help="kept in the event log")
+    events = actions.add_parser("events", help="events, newest first")
+    events.add_argument("--pool", help="only this pool's")
+    events.add_argument("--server", help="only this server's")
+    events.add_argument("--kind", action="append", help="only this kind (repeatable)")
+    events.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    events.add_argument("--before-id", type=int, help="older than this event id (paging)")
+    ctl.set_defaults(handler=_ctl)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -478,3 +478,100 @@ def _bounds_text(meta: Mapping[str, Any]) -> str:
     if low is None:
         return f" (at most {high})"
     return f" ({low} to {high})"
+
+
+# -- JSON Schema ------------------------------------------------------------------------------
+
+SECRET_PATTERN = "^(env|file):.+$"  # noqa: S105 (a reference's shape, not a secret)
+
+
+def json_schema(schema: type) -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12, as OpenAPI 3.1 uses) of the documents that build ``schema``.
+
+    It states what :func:`parse_config` checks key by key: types, bounds, required and unknown
+    keys, enum values, secret references, plugins told apart by ``type``. Rules across fields
+    (``config_problems``) and facts outside the document (which zones exist) are checked only
+    when the document is built, so a document valid against this schema may still be refused.
+    """
+    return _schema_of(schema, {})
+
+
+def _schema_of(hint: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in args if arg is not type(None)]
+        if len(options) == 1:
+            inner = _schema_of(options[0], meta)
+        else:
+            inner = {"oneOf": [_tagged_schema(option) for option in options]}
+        if len(options) < len(args):
+            return {"anyOf": [inner, {"type": "null"}]}
+        return inner
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return _dataclass_schema(hint)
+    if origin is tuple:
+        return {"type": "array", "items": _schema_of(args[0], {})}
+    if origin in (Mapping, dict):
+        return {"type": "object", "additionalProperties": _schema_of(args[1], {})}
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if hint is Secret:
+        return {"type": "string", "pattern": SECRET_PATTERN}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {"type": "string", "enum": [member.value for member in hint]}
+    if hint is bool:
+        return {"type": "boolean"}
+    if hint is int:
+        return _bounded({"type": "integer"}, meta)
+    if hint is float:
+        return _bounded({"type": "number"}, meta)
+    if hint is str:
+        return {"type": "string", "minLength": 1}
+    raise TypeError(f"config schema uses an unsupported type {hint!r}")
+
+
+def _bounded(schema: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    if meta.get("min") is not None:
+        schema["minimum"] = meta["min"]
+    if meta.get("max") is not None:
+        schema["maximum"] = meta["max"]
+    return schema
+
+
+def _dataclass_schema(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in dataclasses.fields(cls):
+        if not field.init:
+            continue
+        prop = _schema_of(hints[field.name], field.metadata)
+        if field.metadata.get("help"):
+            prop["description"] = field.metadata["help"]
+        if field.default is not dataclasses.MISSING:
+            prop["default"] = to_document(field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            prop["default"] = to_document(field.default_factory())
+        else:
+            required.append(field.name)
+        properties[field.name] = prop
+    result: dict[str, Any] = {
+        "title": cls.__name__,
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
+    doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    if doc:
+        result["description"] = doc
+    if required:
+        result["required"] = required
+    return result
+
+
+def _tagged_schema(option: Any) -> dict[str, Any]:
+    """One option of a union told apart by ``type``: its ``type`` must be written."""
+    result = _schema_of(option, {})
+    if "type" in result.get("properties", {}) and "type" not in result.get("required", []):
+        result["required"] = ["type", *result.get("required", [])]
+    return result

@@ -84,6 +84,13 @@ distributor-threads={settings.threads}
 # How long an empty answer stays in pdns's query cache: a pool that was empty for a moment
 # (every server still booting) must be answered as soon as it has members.
 negquery-cache-ttl={settings.negative_ttl}
+{process_settings(settings, socket_dir)}"""
+
+
+def process_settings(settings: PdnsSettings, socket_dir: str | os.PathLike[str]) -> str:
+    """The settings of how pdns_server runs as a child process here: where it listens, in the
+    foreground, logging to its standard error. Any backend's configuration ends with them."""
+    return f"""\
 local-address={settings.address}
 local-port={settings.port}
 socket-dir={socket_dir}

@@ -1,5 +1,5 @@
-"""Where plans are published and read: a small base class, its implementations, and
-:func:`open_store` to pick one from a location string.
+"""Where plans are published and read: a small base class, its implementations (a file on one
+host, Redis for several), and :func:`open_store` to pick one from a location string.
 
 The manager calls :meth:`PlanStore.publish`; every pipe backend polls :meth:`PlanStore.stamp`
 (cheap: a ``stat`` of a file, or one small key) and calls :meth:`PlanStore.read` only when the
@@ -21,6 +21,7 @@ from typing import Any
 
 from dnslb.errors import ConfigError
 from dnslb.plan import Plan, parse_plan_json, plan_to_json
+from dnslb.resp import RedisAddress, RedisConnection, RedisError
 
 
 class PlanStore(ABC):
@@ -29,6 +30,9 @@ class PlanStore(ABC):
     @abstractmethod
     def describe(self) -> str:
         """Where the plan lives, for logs and status lines."""
+
+    def close(self) -> None:  # noqa: B027 - an optional hook: files hold nothing open
+        """Release connections."""
 
     @abstractmethod
     def publish(self, plan: Plan, *, durable: bool = True) -> None:
@@ -117,10 +121,94 @@ class FilePlanStore(PlanStore):
         return documents
 
 
-def open_store(location: str) -> PlanStore:
-    """The store at ``location``: a file path, or a ``file://`` URL."""
+class RedisPlanStore(PlanStore):
+    """A plan in Redis, for several DNS servers on several hosts: one key holds the plan, a
+    second its stamp (version and generation time); both are set in one MULTI/EXEC, so a
+    reader that sees a new stamp finds the plan that goes with it. Answer counts go to a hash.
+    """
+
+    def __init__(self, address: RedisAddress, timeout: float = 0.5) -> None:
+        self.address = address
+        self.connection = RedisConnection(address, timeout)
+        self.stamp_key = f"{address.key}:stamp"
+        self.stats_key = f"{address.key}:stats"
+
+    def describe(self) -> str:
+        return self.address.describe()
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def publish(self, plan: Plan, *, durable: bool = True) -> None:
+        text = plan_to_json(plan)
+        stamp = f"{plan.version}:{plan.generated_at}"
+        replies = self.connection.pipeline(
+            [
+                ("MULTI",),
+                ("SET", self.address.key, text),
+                ("SET", self.stamp_key, stamp),
+                ("EXEC",),
+            ]
+        )
+        if not isinstance(replies[-1], list):
+            raise RedisError(f"{self.describe()}: the plan was not stored ({replies[-1]!r})")
+
+    def stamp(self) -> Hashable | None:
+        value = self.connection.command("GET", self.stamp_key)
+        return value if isinstance(value, bytes) else None
+
+    def read(self) -> Plan:
+        value = self.connection.command("GET", self.address.key)
+        if not isinstance(value, bytes):
+            raise FileNotFoundError(f"{self.describe()}: no plan")
+        return parse_plan_json(value)
+
+    def write_stats(self, name: str, document: dict[str, Any]) -> None:
+        self.connection.command(
+            "HSET", self.stats_key, name, json.dumps(document, separators=(",", ":"))
+        )
+
+    def read_stats(self, max_age: float = 86400.0) -> list[dict[str, Any]]:
+        try:
+            reply = self.connection.command("HGETALL", self.stats_key)
+        except OSError:
+            return []
+        if not isinstance(reply, list):
+            return []
+        documents = []
+        now = time.time()
+        for name, raw in zip(reply[::2], reply[1::2], strict=True):
+            try:
+                document = json.loads(raw) if isinstance(raw, bytes) else None
+            except ValueError:
+                document = None
+            if not isinstance(document, dict):
+                continue
+            written = document.get("written_at")
+            if (
+                isinstance(written, int | float)
+                and now - written > max_age
+                and isinstance(name, bytes)
+            ):
+                self.connection.command("HDEL", self.stats_key, name)  # a coprocess long gone
+                continue
+            documents.append(document)
+        return documents
+
+
+def open_store(location: str, *, password: str | None = None) -> PlanStore:
+    """The store at ``location``: a file path, a ``file://`` URL, or a ``redis://`` URL (the
+    password from ``password``, or from the environment variable ``DNSLB_REDIS_PASSWORD``)."""
     if location.startswith("file://"):
         return FilePlanStore(location.removeprefix("file://"))
+    if location.startswith("redis://"):
+        try:
+            address = RedisAddress.parse(
+                location, password=password or os.environ.get("DNSLB_REDIS_PASSWORD")
+            )
+        except ValueError as exc:
+            raise ConfigError("plan location", [str(exc)]) from None
+        return RedisPlanStore(address)
     if "://" in location:
         scheme = location.split("://", 1)[0]
         raise ConfigError("plan location", [f"{location}: unsupported plan store {scheme!r}"])

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from dnslb.config import Secret, load_config, setting
 from dnslb.dnsname import name_problem, normalize
@@ -28,12 +29,17 @@ from manager.providers.static import StaticProviderConfig
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
-    """Where the manager listens for agent reports (and, later, the API)."""
+    """Where the manager listens: agent reports, the REST API, /metrics and the dashboard."""
 
     address: str = setting("127.0.0.1", help="listen address; loopback unless you mean it")
     port: int = setting(8700, help="listen port", min=1, max=65535)
     advertise_url: str | None = setting(
         None, help="URL launched servers' agents report to (default http://ADDRESS:PORT)"
+    )
+    cors_origins: tuple[str, ...] = setting(
+        default_factory=tuple,
+        help="origins whose pages may call the API from a browser (CORS), e.g. "
+        "https://ops.example.com; empty: CORS off",
     )
 
     @property
@@ -48,6 +54,29 @@ class HttpConfig:
             ipaddress.ip_address(self.address)
         except ValueError:
             yield f"address: {self.address!r} is not an IP address"
+        for index, origin in enumerate(self.cors_origins):
+            parsed = urlsplit(origin)
+            if (
+                parsed.scheme not in ("http", "https")
+                or not parsed.netloc
+                or parsed.path not in ("", "/")
+                or parsed.query
+                or parsed.fragment
+            ):
+                yield (
+                    f"cors_origins[{index}]: {origin!r} is not an origin "
+                    "(scheme://host[:port], no path; '*' is not allowed)"
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiTokenConfig:
+    """A bearer token for the REST API, the metrics and the dashboard."""
+
+    token: Secret = setting(help="the token, as a reference")
+    role: Literal["read", "admin"] = setting(
+        help="read: every GET (views, events, metrics); admin: also every change"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +86,27 @@ class AuthConfig:
     agent_token: Secret | None = setting(
         None, help="token agents of static members may present (each member may have its own)"
     )
+    api_tokens: tuple[ApiTokenConfig, ...] = setting(
+        default_factory=tuple,
+        help="tokens of the REST API (agent tokens never work there); none: the API refuses all",
+    )
+    metrics_public: bool = setting(
+        False, help="serve /metrics without a token (default: the read role is needed)"
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        agent = self.agent_token.reveal() if self.agent_token is not None else None
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(self.api_tokens):
+            value = entry.token.reveal()
+            if value == agent:
+                yield (
+                    f"api_tokens[{index}].token: the same token as agent_token; "
+                    "agents and the API need different tokens"
+                )
+            if value in seen:
+                yield f"api_tokens[{index}].token: the same token as api_tokens[{seen[value]}]"
+            seen.setdefault(value, index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +114,12 @@ class PlanConfig:
     """Where and how the plan is published."""
 
     path: str = setting("plan.json", help="plan file (relative to the config file's directory)")
+    store: str | None = setting(
+        None,
+        help="publish to Redis instead of the file, for DNS servers on several hosts: "
+        "redis://HOST:PORT/DB?key=NAME",
+    )
+    redis_password: Secret | None = setting(None, help="the Redis password, as a reference")
     stale_after: float = setting(
         30.0, help="pipe backends answer with TTL floors when the plan is older than this", min=1.0
     )
@@ -72,6 +128,8 @@ class PlanConfig:
     )
 
     def config_problems(self) -> Iterator[str]:
+        if self.store is not None and not self.store.startswith("redis://"):
+            yield f"store: {self.store!r} must be a redis:// URL (or leave it out: a file)"
         if self.refresh >= self.stale_after:
             yield f"refresh ({self.refresh}) must be below stale_after ({self.stale_after})"
 
@@ -401,6 +459,15 @@ class ManagerConfig:
                     yield f"clusters: node id {node.id!r} is also a server id"
             if cluster.name not in used:
                 yield f"clusters: cluster {cluster.name!r} is not a member of any pool"
+        api_tokens = {entry.token.reveal(): i for i, entry in enumerate(self.auth.api_tokens)}
+        for pool in self.pools:
+            for member in pool.members:
+                if member.token is not None and member.token.reveal() in api_tokens:
+                    index = api_tokens[member.token.reveal()]
+                    yield (
+                        f"auth: api_tokens[{index}] is also the token of server {member.id!r}; "
+                        "agents and the API need different tokens"
+                    )
 
 
 @dataclass(frozen=True, slots=True)

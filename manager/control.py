@@ -192,7 +192,10 @@ class Control:
 
     @staticmethod
     def _build(kind: type[Any], document: Mapping[str, Any], what: str) -> Any:
-        return parse_config(json.dumps(dict(document), indent=1), kind, source=what)
+        # Characters as they are, not \u escapes: YAML reads an escaped surrogate pair (any
+        # character beyond U+FFFF) as two lone surrogates.
+        text = json.dumps(dict(document), indent=1, ensure_ascii=False)
+        return parse_config(text, kind, source=what)
 
     async def create_pool(self, spec: Mapping[str, Any]) -> PoolView:
         pool: PoolConfig = self._build(PoolConfig, spec, "pool")

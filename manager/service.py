@@ -30,7 +30,7 @@ from dnslb.dnsname import normalize
 from dnslb.errors import ConfigError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan
-from dnslb.plan_store import FilePlanStore, PlanStore
+from dnslb.plan_store import FilePlanStore, PlanStore, open_store
 from dnslb.policy import update_load
 from dnslb.report import Report
 from dnslb.tokens import token_hash
@@ -65,7 +65,7 @@ class Manager:
         self.clock = clock or SystemClock()
         self.zones = plan_zones(self.config.zones)
         self.store = StateStore(loaded.path(self.config.state.path))
-        self.publisher = publisher or FilePlanStore(loaded.path(self.config.plan.path))
+        self.publisher = publisher or _plan_store(loaded)
         self.fleet = Fleet(self.store, self.config.auth.agent_token)
         self.health = HealthChecker(self.fleet)
         self.lifecycles: dict[str, PoolLifecycle] = {}
@@ -137,7 +137,8 @@ class Manager:
     def _install_stored_pool(self, document: dict[str, object]) -> None:
         name = document.get("name")
         try:
-            pool = parse_config(json.dumps(document), PoolConfig, source=f"stored pool {name!r}")
+            text = json.dumps(document, ensure_ascii=False)  # see Control._build
+            pool = parse_config(text, PoolConfig, source=f"stored pool {name!r}")
         except ConfigError as exc:
             log.error("pool %r from the state database is invalid, skipped: %s", name, exc)
             return
@@ -540,6 +541,7 @@ class Manager:
         """Stop background work and close the state database (what shutdown does)."""
         for lifecycle in self.lifecycles.values():
             await lifecycle.close()
+        self.publisher.close()
         self.store.close()
 
     async def settle(self) -> None:
@@ -615,6 +617,14 @@ async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+def _plan_store(loaded: LoadedConfig) -> PlanStore:
+    plan = loaded.config.plan
+    if plan.store is None:
+        return FilePlanStore(loaded.path(plan.path))
+    password = plan.redis_password.reveal() if plan.redis_password else None
+    return open_store(plan.store, password=password)
 
 
 def _static_record(pool: PoolConfig, member: MemberConfig, now: float) -> ServerRecord:

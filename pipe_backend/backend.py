@@ -70,6 +70,7 @@ class PipeBackend:
         self._next_stats = monotonic() + stats_interval
         self._stats_written_at_requests = 0
         self._stats_failed = False
+        self._store_down = False
 
     # -- plan -----------------------------------------------------------------------------------
 
@@ -79,7 +80,24 @@ class PipeBackend:
         if now < self._next_poll and not force:
             return
         self._next_poll = now + self.poll_interval
-        stamp = self.store.stamp()
+        try:
+            stamp = self.store.stamp()
+        except OSError as exc:  # the store is unreachable (Redis down): keep what we have
+            if not self._store_down:
+                keeping = f"serving plan v{self.plan.version}" if self.plan else "no plan yet"
+                log.error("plan store %s unreachable (%s); %s", self.store.describe(), exc, keeping)
+                self._store_down = True
+            stamp = self._stamp
+            force = False
+            if self.plan is None and self.last_good is not None:  # a new coprocess: its copy
+                kept = self._read_last_good()
+                if kept is not None:
+                    log.error("serving the last good plan v%d meanwhile", kept.version)
+                    self._install(kept, self.last_good)
+        else:
+            if self._store_down:
+                log.info("plan store %s reachable again", self.store.describe())
+                self._store_down = False
         if stamp != self._stamp or force:
             self._stamp = stamp
             self._load(stamp)
@@ -114,6 +132,8 @@ class PipeBackend:
         log.error("plan %s %s; %s", self.store.describe(), problem, keeping)
 
     def _read(self, stamp: Hashable | None) -> tuple[Plan | None, str]:
+        if self._store_down:
+            return None, "is unreachable"
         if stamp is None:
             return None, "is missing"
         try:

@@ -43,11 +43,30 @@ class _QuietServer(ThreadingHTTPServer):
         pass  # clients hanging up mid-response are normal under load
 
 
-class Origin:
-    """An origin web server: ``GET /anything?size=N`` answers N bytes, cacheable for a minute."""
+class _ThreadedHttp:
+    """An ``http.server`` on 127.0.0.1 in a thread: a context manager that starts and stops it."""
 
     def __init__(self) -> None:
         self.port = free_port()
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = _QuietServer(("127.0.0.1", self.port), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class Origin(_ThreadedHttp):
+    """An origin web server: ``GET /anything?size=N`` answers N bytes, cacheable for a minute."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self.hits = 0
         origin = self
 
@@ -69,30 +88,21 @@ class Origin:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = _QuietServer(("127.0.0.1", self.port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._serve(Handler)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> Origin:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-class LoadBoard:
+class LoadBoard(_ThreadedHttp):
     """The application status endpoint the agents' ``json`` source reads, one per server id.
 
     ``board.load["s1"] = 90`` makes s1's agent report 90 requests in progress of 100.
     """
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.load: dict[str, int] = {}
         board = self
 
@@ -113,19 +123,10 @@ class LoadBoard:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = _QuietServer(("127.0.0.1", self.port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._serve(Handler)
 
     def url(self, server: str) -> str:
         return f"http://127.0.0.1:{self.port}/load/{server}"
-
-    def __enter__(self) -> LoadBoard:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 @dataclass

@@ -1,0 +1,344 @@
+"""``dnslb ctl``: operate a running manager through its REST API.
+
+The command line is declared in :mod:`dnslb.cli` (so ``dnslb --help`` lists it without importing
+this module); :func:`run` carries it out with an httpx client. Output is a table for people, or
+the API's JSON with ``--json``. The token comes from an environment variable (``--token-env``,
+default ``DNSLB_API_TOKEN``) or a file (``--token-file``), never from the command line, where
+other users of the machine could read it.
+
+Exit status: 0 done; 1 the API refused the request (404, 409, 422, ...); 2 usage (no token);
+3 authentication or role (401, 403); 4 the manager could not be reached or failed (5xx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import quote
+
+import httpx
+
+from dnslb.errors import DnslbError
+
+DEFAULT_URL = "http://127.0.0.1:8700"
+DEFAULT_TOKEN_ENV = "DNSLB_API_TOKEN"  # noqa: S105 (a variable's name, not a token)
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_AUTH = 3
+EXIT_UNREACHABLE = 4
+
+
+class CtlError(DnslbError):
+    """A command that could not be carried out; ``exit_status`` says how."""
+
+    def __init__(self, message: str, exit_status: int = EXIT_REFUSED) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+class Client:
+    """The API over HTTP, with the token in the Authorization header."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "dnslb-ctl"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """The decoded JSON answer; :class:`CtlError` for any failure, with what to do."""
+        try:
+            response = self.http.request(
+                method, path, params=dict(params or {}), json=body if body is not None else None
+            )
+        except httpx.TransportError as exc:
+            raise CtlError(
+                f"cannot reach the manager at {self.url}: {exc or type(exc).__name__}",
+                EXIT_UNREACHABLE,
+            ) from None
+        if response.status_code >= 400:
+            raise _refusal(response)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise CtlError(
+                f"{self.url} answered {response.status_code} with a body that is not JSON: "
+                "is it a dnslb manager?",
+                EXIT_UNREACHABLE,
+            ) from None
+
+
+def _refusal(response: httpx.Response) -> CtlError:
+    status = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {}
+    message = str(body.get("error") or response.reason_phrase or "refused")
+    lines = [f"{message} ({status})"]
+    for problem in body.get("problems") or []:
+        if isinstance(problem, dict):
+            field = problem.get("field")
+            text = str(problem.get("message", ""))
+            lines.append(f"  {field}: {text}" if field else f"  {text}")
+    if status == 401:
+        lines.append("  check the token (--token-env NAME or --token-file PATH)")
+        return CtlError("\n".join(lines), EXIT_AUTH)
+    if status == 403:
+        lines.append("  this needs a token with the admin role")
+        return CtlError("\n".join(lines), EXIT_AUTH)
+    if status >= 500:
+        return CtlError("\n".join(lines), EXIT_UNREACHABLE)
+    return CtlError("\n".join(lines), EXIT_REFUSED)
+
+
+def read_token(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
+    """The token from ``--token-file`` or the environment variable ``--token-env`` names."""
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise CtlError(f"cannot read {args.token_file}: {exc.strerror}", EXIT_USAGE) from None
+        if not token:
+            raise CtlError(f"{args.token_file} is empty", EXIT_USAGE)
+        return token
+    name = args.token_env or DEFAULT_TOKEN_ENV
+    token = environ.get(name, "").strip()
+    if not token:
+        raise CtlError(
+            f"no API token: set {name}, or pass --token-env NAME or --token-file PATH", EXIT_USAGE
+        )
+    return token
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns aligned on their widest cell."""
+    widths = [len(header) for header in headers]
+    for row in rows:
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=True)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in [headers, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _when(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _by_state(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{state} {count}" for state, count in sorted(counts.items())) or "none"
+
+
+def show_status(status: Mapping[str, Any], pools: Sequence[Mapping[str, Any]]) -> str:
+    manager = status["manager"]
+    age = manager["plan_age"]
+    plan = f"v{manager['plan_version']}" + (f", {age:.1f} s old" if age is not None else "")
+    reports = ", ".join(f"{k} {v}" for k, v in sorted(manager["reports"].items())) or "none yet"
+    lines = [
+        f"ready: {'yes' if manager['ready'] else 'no (waiting for reports)'}",
+        f"plan: {plan}",
+        f"ticks: last {manager['tick_seconds'] * 1000:.1f} ms, {manager['tick_errors']} errors",
+        f"servers: {_by_state(status['servers'])}; paused {status['paused']}",
+        f"reports: {reports}",
+        "",
+        show_pools(pools),
+    ]
+    return "\n".join(lines)
+
+
+def show_pools(pools: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            pool["name"],
+            pool["dns_name"],
+            pool["source"],
+            pool["provider"] or "-",
+            _by_state(pool["servers"]),
+            _num(pool["cost_seconds"], 0),
+            str(pool["served"]),
+            str(pool["scale_events"]),
+            _num(pool["mean_ttl"], 1),
+        ]
+        for pool in pools
+    ]
+    headers = ["POOL", "DNS NAME", "SOURCE", "PROVIDER", "SERVERS", "COST S", "SERVED"]
+    return table([*headers, "SCALED", "MEAN TTL"], rows)
+
+
+def _paused(server: Mapping[str, Any]) -> str:
+    marks = [
+        name for name, key in (("policy", "paused"), ("operator", "admin_paused")) if server[key]
+    ]
+    return ",".join(marks) or "-"
+
+
+def show_servers(servers: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            server["id"],
+            server["pool"],
+            server["address"],
+            server["state"],
+            _num(server["utilization"]),
+            _num(server["weight"], 1),
+            _num(server["ttl"]),
+            _paused(server),
+            _num(server["cost_seconds"], 0),
+            str(server["served"]),
+        ]
+        for server in servers
+    ]
+    headers = ["SERVER", "POOL", "ADDRESS", "STATE", "UTIL", "WEIGHT", "TTL", "PAUSED"]
+    return table([*headers, "COST S", "SERVED"], rows)
+
+
+def show_server(server: Mapping[str, Any]) -> str:
+    return (
+        f"{server['id']}: {server['state']} ({server['state_reason']}); paused: {_paused(server)}"
+    )
+
+
+def show_events(page: Mapping[str, Any]) -> str:
+    rows = [
+        [
+            str(event["id"]),
+            _when(event["time"]),
+            event["kind"],
+            event["pool"] or "-",
+            event["server"] or "-",
+            event["reason"],
+        ]
+        for event in page["events"]
+    ]
+    text = table(["ID", "TIME", "KIND", "POOL", "SERVER", "REASON"], rows)
+    if page.get("next_before_id") is not None:
+        text += f"\n(more: --before-id {page['next_before_id']})"
+    return text
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+Command = Callable[[Client, argparse.Namespace], tuple[Any, str]]
+
+
+def _status(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    status = client.request("GET", "/v1/status")
+    pools = client.request("GET", "/v1/pools")
+    return {"status": status, "pools": pools}, show_status(status, pools)
+
+
+def _pools(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    pools = client.request("GET", "/v1/pools")
+    return pools, show_pools(pools)
+
+
+def _servers(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    params = {"pool": args.pool} if args.pool else {}
+    servers = client.request("GET", "/v1/servers", params=params)
+    return servers, show_servers(servers)
+
+
+def _action(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    server = client.request(
+        "POST",
+        f"/v1/servers/{_segment(args.server)}/actions",
+        body={"action": args.ctl_command, "reason": args.reason},
+    )
+    return server, show_server(server)
+
+
+def _events(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    params: dict[str, Any] = {"limit": args.limit}
+    for key in ("pool", "server", "kind", "before_id"):
+        value = getattr(args, key)
+        if value:
+            params[key] = value
+    page = client.request("GET", "/v1/events", params=params)
+    return page, show_events(page)
+
+
+def _segment(value: str) -> str:
+    return quote(value, safe="")
+
+
+COMMANDS: dict[str, Command] = {
+    "status": _status,
+    "pools": _pools,
+    "servers": _servers,
+    "events": _events,
+    **dict.fromkeys(("pause", "resume", "disable", "enable", "drain"), _action),
+}
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    environ: Mapping[str, str] = os.environ,
+    transport: httpx.BaseTransport | None = None,
+) -> int:
+    """Carry out one ``dnslb ctl`` command; returns the exit status."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        token = read_token(args, environ)
+        url = args.url or environ.get("DNSLB_URL") or DEFAULT_URL
+        with Client(url, token, timeout=args.timeout, transport=transport) as client:
+            document, text = COMMANDS[args.ctl_command](client, args)
+    except CtlError as exc:
+        print(f"dnslb ctl: {exc}", file=err)
+        return exc.exit_status
+    if args.json:
+        out.write(json.dumps(document, indent=2) + "\n")
+    else:
+        out.write(text + "\n")
+    return EXIT_OK

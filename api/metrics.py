@@ -1,0 +1,174 @@
+"""``/metrics`` in the Prometheus text format, read from the manager's views at each scrape.
+
+Nothing is counted here: every figure comes from :class:`dnslb.control.ManagerControl` when
+Prometheus asks, so the metrics cannot drift from what the API shows. Counters that the manager
+keeps since it started (requests served, answers, report outcomes) reset when it restarts, as
+Prometheus expects of counters.
+
+Per server (labels ``pool``, ``server``): utilization, in-progress requests, weight, TTL, the
+intended share of answers (weight / sum of weights in its pool), paused (policy / operator),
+state (one series per state, 1 for the current one), report age, cost, requests served, and
+answers counted by the pipe backends when the manager has them. Per pool: servers by state,
+scale events, cost, requests served, mean TTL handed out. Manager: last tick's duration, tick
+errors, plan version and age, readiness, agent reports by outcome.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from dnslb.control import ManagerControl
+from dnslb.model import ServerState
+
+_SERVER = ["pool", "server"]
+
+
+class ControlCollector:
+    """A Prometheus collector over the manager's views."""
+
+    def __init__(self, control: ManagerControl) -> None:
+        self.control = control
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._servers()
+        yield from self._pools()
+        yield from self._manager()
+
+    def _servers(self) -> Iterable[Metric]:
+        servers = self.control.servers()
+        utilization = GaugeMetricFamily(
+            "dnslb_server_utilization", "smoothed utilization (in progress / max)", labels=_SERVER
+        )
+        in_progress = GaugeMetricFamily(
+            "dnslb_server_in_progress", "requests in progress, last report", labels=_SERVER
+        )
+        weight = GaugeMetricFamily(
+            "dnslb_server_weight", "weight in the published plan (answered servers)", labels=_SERVER
+        )
+        ttl = GaugeMetricFamily(
+            "dnslb_server_ttl_seconds", "TTL in the published plan", labels=_SERVER
+        )
+        share = GaugeMetricFamily(
+            "dnslb_server_intended_share",
+            "weight / sum of the weights in its pool: the share of answers intended for it",
+            labels=_SERVER,
+        )
+        paused = GaugeMetricFamily("dnslb_server_paused", "1 when paused", labels=[*_SERVER, "by"])
+        state = GaugeMetricFamily(
+            "dnslb_server_state", "1 for the server's current state", labels=[*_SERVER, "state"]
+        )
+        report_age = GaugeMetricFamily(
+            "dnslb_server_report_age_seconds", "seconds since its last report", labels=_SERVER
+        )
+        cost = CounterMetricFamily(
+            "dnslb_server_cost_seconds", "server-seconds since it started", labels=_SERVER
+        )
+        served = CounterMetricFamily(
+            "dnslb_server_served_requests",
+            "requests served while known to this manager",
+            labels=_SERVER,
+        )
+        answers = CounterMetricFamily(
+            "dnslb_server_answers",
+            "DNS answers that held it, counted by the pipe backends",
+            labels=_SERVER,
+        )
+        weights: dict[str, float] = defaultdict(float)
+        for server in servers:
+            if server.weight is not None:
+                weights[server.pool] += server.weight
+        for server in servers:
+            labels = [server.pool, server.id]
+            if server.utilization is not None:
+                utilization.add_metric(labels, server.utilization)
+            if server.in_progress is not None:
+                in_progress.add_metric(labels, server.in_progress)
+            if server.weight is not None:
+                weight.add_metric(labels, server.weight)
+                total = weights[server.pool]
+                share.add_metric(labels, server.weight / total if total > 0 else 0.0)
+            if server.ttl is not None:
+                ttl.add_metric(labels, server.ttl)
+            paused.add_metric([*labels, "policy"], 1.0 if server.paused else 0.0)
+            paused.add_metric([*labels, "operator"], 1.0 if server.admin_paused else 0.0)
+            for each in ServerState:
+                state.add_metric([*labels, each.value], 1.0 if server.state is each else 0.0)
+            if server.report_age is not None:
+                report_age.add_metric(labels, server.report_age)
+            cost.add_metric(labels, server.cost_seconds)
+            served.add_metric(labels, server.served)
+            if server.answers is not None:
+                answers.add_metric(labels, server.answers)
+        yield from (utilization, in_progress, weight, ttl, share, paused, state, report_age)
+        yield from (cost, served, answers)
+
+    def _pools(self) -> Iterable[Metric]:
+        servers = GaugeMetricFamily(
+            "dnslb_pool_servers", "servers by state", labels=["pool", "state"]
+        )
+        scale = CounterMetricFamily(
+            "dnslb_pool_scale_events", "scale-out and scale-in events", labels=["pool"]
+        )
+        cost = CounterMetricFamily(
+            "dnslb_pool_cost_seconds",
+            "server-seconds, terminated servers included",
+            labels=["pool"],
+        )
+        served = CounterMetricFamily(
+            "dnslb_pool_served_requests", "requests served by its servers", labels=["pool"]
+        )
+        mean_ttl = GaugeMetricFamily(
+            "dnslb_pool_mean_ttl_seconds",
+            "mean TTL handed out in the published plan (by weight)",
+            labels=["pool"],
+        )
+        for pool in self.control.pools():
+            for each in ServerState:
+                if each is not ServerState.TERMINATED:
+                    servers.add_metric([pool.name, each.value], pool.servers.get(each.value, 0))
+            scale.add_metric([pool.name], pool.scale_events)
+            cost.add_metric([pool.name], pool.cost_seconds)
+            served.add_metric([pool.name], pool.served)
+            if pool.mean_ttl is not None:
+                mean_ttl.add_metric([pool.name], pool.mean_ttl)
+        yield from (servers, scale, cost, served, mean_ttl)
+
+    def _manager(self) -> Iterable[Metric]:
+        stats = self.control.stats()
+        yield GaugeMetricFamily(
+            "dnslb_manager_tick_duration_seconds", "duration of the last tick", stats.tick_seconds
+        )
+        yield CounterMetricFamily(
+            "dnslb_manager_tick_errors", "ticks that failed", stats.tick_errors
+        )
+        yield GaugeMetricFamily(
+            "dnslb_manager_ready", "1 once plans are published", 1.0 if stats.ready else 0.0
+        )
+        yield GaugeMetricFamily(
+            "dnslb_plan_version", "version of the last published plan", stats.plan_version
+        )
+        if stats.plan_age is not None:
+            yield GaugeMetricFamily(
+                "dnslb_plan_age_seconds", "seconds since the plan was published", stats.plan_age
+            )
+        reports = CounterMetricFamily(
+            "dnslb_manager_reports", "agent reports by outcome", labels=["outcome"]
+        )
+        for outcome, count in sorted(stats.reports.items()):
+            reports.add_metric([outcome], count)
+        yield reports
+
+
+def metrics_registry(control: ManagerControl) -> CollectorRegistry:
+    """A registry of its own (not the process-wide default) holding the manager's metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ControlCollector(control))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,200 @@
+"""The Redis plan store against a real redis-server: publish, poll, outages, and PowerDNS reading
+the plan from Redis through the pipe backend."""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import dns.message
+import dns.query
+import pytest
+
+from dnslb.errors import ConfigError
+from dnslb.pdns import PdnsServer, PdnsSettings
+from dnslb.plan import parse_plan
+from dnslb.plan_store import FilePlanStore, RedisPlanStore, open_store
+from dnslb.process import stop_group
+from dnslb.resp import RedisAddress, RedisConnection, RedisError
+from pipe_backend.backend import PipeBackend
+from tests.conftest import free_port, plan_doc
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("redis-server") is None, reason="redis-server is not installed"
+    ),
+]
+
+PASSWORD = "redis-test-password"
+
+
+@dataclass
+class Redis:
+    port: int
+    workdir: Path
+    password: str | None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.workdir)]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        address = RedisAddress(port=self.port, password=self.password)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            connection = RedisConnection(address)
+            try:
+                connection.command("PING")
+                return
+            except OSError:
+                time.sleep(0.05)
+            finally:
+                connection.close()
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            stop_group(process)
+
+    def url(self, key: str = "dnslb:plan") -> str:
+        return f"redis://127.0.0.1:{self.port}/0?key={key}"
+
+
+OPENED: list[RedisPlanStore] = []
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[Redis]:
+    server = Redis(free_port(), tmp_path, PASSWORD)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def close_stores() -> Iterator[None]:
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
+def store(redis: Redis) -> RedisPlanStore:
+    found = open_store(redis.url(), password=redis.password)
+    assert isinstance(found, RedisPlanStore)
+    OPENED.append(found)
+    return found
+
+
+def test_publish_stamp_and_read_round_trip(redis: Redis) -> None:
+    plans = store(redis)
+    assert plans.stamp() is None
+    with pytest.raises(FileNotFoundError):
+        plans.read()
+    plan = parse_plan(plan_doc(generated_at=1000.0))
+    plans.publish(plan)
+    first = plans.stamp()
+    assert plans.read() == plan
+    plans.publish(parse_plan(plan_doc(generated_at=1001.0)))  # a refresh: same version
+    assert plans.stamp() != first
+    assert "password" not in plans.describe() and PASSWORD not in plans.describe()
+
+
+def test_wrong_password_and_bad_urls_are_clear_errors(redis: Redis) -> None:
+    wrong = open_store(redis.url(), password="nope")
+    with pytest.raises(RedisError, match=r"WRONGPASS|invalid password"):
+        wrong.stamp()
+    wrong.close()
+    with pytest.raises(ConfigError, match="database number"):
+        open_store(f"redis://127.0.0.1:{redis.port}/zero")
+
+
+def test_answer_counts_go_through_redis(redis: Redis) -> None:
+    plans = store(redis)
+    plans.write_stats("host-1", {"written_at": time.time(), "pools": {"www": {"a": [3, 5]}}})
+    plans.write_stats("host-2", {"written_at": time.time() - 10_000, "pools": {}})
+    assert [d["pools"] for d in plans.read_stats(max_age=3600)] == [{"www": {"a": [3, 5]}}]
+    assert len(plans.read_stats(max_age=1e9)) == 1  # the stale one was removed
+
+
+def test_the_pipe_backend_follows_redis_and_survives_its_outage(
+    redis: Redis, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plans = store(redis)
+    plans.publish(parse_plan(plan_doc(version=1)))
+    last_good = FilePlanStore(tmp_path / "last-good.json")
+    backend = PipeBackend(store(redis), last_good=last_good, rng=random.Random(1), poll_interval=0)
+    backend.poll(force=True)
+    assert backend.handle(b"HELO\t5").startswith(b"OK")
+    query = b"Q\tv6.example.test\tIN\tAAAA\t-1\t1.2.3.4\t1.2.3.4\t1.2.3.4/32"
+    assert backend.handle(query).count(b"\tAAAA\t") == 2
+
+    doc = plan_doc(version=2)
+    doc["pools"][1]["members"] = [{"id": "only", "address": "2001:db8::99"}]
+    plans.publish(parse_plan(doc))
+    backend.poll()
+    assert b"2001:db8::99" in backend.handle(query)
+
+    redis.stop()
+    with caplog.at_level(logging.ERROR, logger="dnslb.pipe_backend"):
+        for _ in range(5):
+            backend.poll()
+            assert b"2001:db8::99" in backend.handle(query)  # the last plan, still served
+    assert caplog.text.count("unreachable") == 1
+    # A coprocess PowerDNS starts during the outage serves the last good copy.
+    late = PipeBackend(store(redis), last_good=last_good, poll_interval=0)
+    late.poll(force=True)
+    assert late.plan is not None and late.plan.version == 2
+
+    redis.start()  # an empty Redis: the manager has not published again yet
+    backend.poll()
+    assert b"2001:db8::99" in backend.handle(query)
+    plans = store(redis)
+    plans.publish(parse_plan(plan_doc(version=3)))
+    backend.poll()
+    assert backend.plan is not None and backend.plan.version == 3
+
+
+def test_pdns_answers_from_a_plan_in_redis(tmp_path: Path) -> None:
+    server = Redis(free_port(), tmp_path, None)
+    server.start()
+    pdns: PdnsServer | None = None
+    try:
+        plans = store(server)
+        plans.publish(parse_plan(plan_doc()))
+        port = free_port()
+        pdns = PdnsServer(PdnsSettings(plan=server.url(), port=port), tmp_path / "pdns")
+        pdns.start(probe_name="example.test")
+        reply = dns.query.udp(
+            dns.message.make_query("v6.example.test", "AAAA"), "127.0.0.1", port=port, timeout=3
+        )
+        assert sorted(str(r) for r in reply.answer[0]) == ["2001:db8::1", "2001:db8::2"]
+        doc = plan_doc(version=8)
+        doc["pools"][1]["members"] = [{"id": "new", "address": "2001:db8::8"}]
+        plans.publish(parse_plan(doc))
+        deadline = time.monotonic() + 3
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            reply = dns.query.udp(
+                dns.message.make_query("v6.example.test", "AAAA"), "127.0.0.1", port=port, timeout=3
+            )
+            seen = [str(r) for r in reply.answer[0]]
+            if seen == ["2001:db8::8"]:
+                break
+            time.sleep(0.05)
+        assert seen == ["2001:db8::8"]
+    finally:
+        if pdns is not None:
+            pdns.stop()
+        server.stop()
