@@ -323,9 +323,6 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the state database and samples of the last run (default: start clean)",
     )
     parser.add_argument(
-        "--no-api", action="store_true", help="run the manager without the REST API and dashboard"
-    )
-    parser.add_argument(
         "--once", action="store_true", help="start, show a few answers, stop (a smoke test)"
     )
 

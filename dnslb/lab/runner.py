@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
-import importlib.util
 import json
 import os
 import secrets
@@ -62,11 +61,6 @@ def default_workdir() -> Path:
     return Path(base) / "dnslb" / "lab"
 
 
-def api_available() -> bool:
-    """True when this installation has the REST API, metrics and dashboard (package ``api``)."""
-    return importlib.util.find_spec("api") is not None
-
-
 @dataclass(frozen=True, slots=True)
 class LabInfo:
     """``lab.json``: where a lab's parts are, for the commands that load and measure it."""
@@ -80,8 +74,7 @@ class LabInfo:
     http_port: int
     network: str
     manager_url: str
-    api: bool
-    token_file: str | None
+    token_file: str
     objects: dict[str, int]
     settings: dict[str, Any]
 
@@ -125,7 +118,6 @@ class Lab:
         self.workdir = settings.workdir.resolve()
         self.say = say
         self.keep_state = keep_state
-        self.api = settings.api and api_available()
         self.token_path = self.workdir / TOKEN_FILE
         self.plan_path = self.workdir / "plan.json"
         self.manager_log = self.workdir / "manager.log"
@@ -228,12 +220,10 @@ class Lab:
             raise ConfigError("lab", problems)
 
     def _write_config(self) -> None:
-        token_file = None
-        if self.api:
-            token_file = self.token_path
-            _write_private(token_file, secrets.token_urlsafe(32) + "\n")
+        # A new token every run, readable by its owner only; the config names the file.
+        _write_private(self.token_path, secrets.token_urlsafe(32) + "\n")
         (self.workdir / "manager.yaml").write_text(
-            manager_config(self.settings, api_token_file=token_file)
+            manager_config(self.settings, api_token_file=self.token_path)
         )
 
     def _python(self) -> list[str]:
@@ -317,8 +307,7 @@ class Lab:
             http_port=settings.http_port,
             network=settings.network,
             manager_url=settings.manager_url,
-            api=self.api,
-            token_file=str(self.token_path) if self.api else None,
+            token_file=str(self.token_path),
             objects=dataclasses.asdict(settings.objects),
             settings=document,
         )
@@ -552,7 +541,6 @@ def settings_from_args(args: argparse.Namespace) -> LabSettings:
         boot_delay=args.boot_delay,
         policy=policy,
         scaling=scaling,
-        api=not args.no_api,
     )
 
 
@@ -631,20 +619,16 @@ def where(lab: Lab) -> str:
         f"/objects/{settings.objects.count - 1}",
         f"  manager        {url} (agents report to it)",
     ]
-    if lab.api:
-        token = lab.token_path.read_text().strip()
-        lines += [
-            f"  dashboard      {url}/dashboard/  (paste the token when asked)",
-            f"  REST API       {url}/v1/status",
-            f"                 dnslb ctl --url {url} --token-file {lab.token_path} status",
-            f"  metrics        {url}/metrics",
-            f"  token          {token}",
-            f"                 (admin; kept in {lab.token_path}, mode 0600; new every run)",
-            f'                 curl -H "Authorization: Bearer $(cat {lab.token_path})" '
-            f"{url}/v1/status",
-        ]
-    else:
-        lines.append("  REST API       not in this installation (no api package): no dashboard")
+    token = lab.token_path.read_text().strip()
+    lines += [
+        f"  dashboard      {url}/dashboard/  (paste the token when asked)",
+        f"  REST API       {url}/v1/status",
+        f"                 dnslb ctl --url {url} --token-file {lab.token_path} status",
+        f"  metrics        {url}/metrics",
+        f"  token          {token}",
+        f"                 (admin; kept in {lab.token_path}, mode 0600; new every run)",
+        f'                 curl -H "Authorization: Bearer $(cat {lab.token_path})" {url}/v1/status',
+    ]
     lines += [
         f"  files          {work}/",
         "                 manager.yaml, manager.log, state.db, plan.json, plan-samples.jsonl,",

@@ -71,7 +71,6 @@ class LabSettings:
     max_age: int = 600
     policy: PoolPolicy = field(default_factory=default_policy)
     scaling: ScalingPolicy = field(default_factory=default_scaling)
-    api: bool = True  # serve the REST API, metrics and dashboard (needs the api package)
     sample_interval: float = 1.0  # seconds between samples of the published plan
 
     @property
@@ -152,8 +151,8 @@ def _config_problems(what: str, value: object) -> Iterator[str]:
 def manager_config(settings: LabSettings, *, api_token_file: Path | None) -> str:
     """The ``manager.yaml`` of a lab: one zone, one pool of local cache servers.
 
-    ``api_token_file`` is the token the REST API, metrics and dashboard accept (admin role);
-    None leaves the API without tokens (it then refuses every call).
+    ``api_token_file`` holds the token the REST API, metrics and dashboard accept (admin
+    role); None leaves the API without tokens (it then refuses every call).
     """
     zone = settings.zone
     document: dict[str, Any] = {

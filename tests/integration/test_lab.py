@@ -40,7 +40,8 @@ def processes_naming(directory: Path) -> list[str]:
         except OSError:
             continue
         if needle in command and state != "Z":
-            found.append(f"{entry.name}: {command.replace(b'\0', b' ').decode(errors='replace')}")
+            text = command.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry.name}: {text}")
     return found
 
 

@@ -93,7 +93,13 @@ def test_a_bad_policy_is_found_before_the_manager_starts() -> None:
 
 def test_the_generated_manager_config_loads_as_the_manager_loads_it(tmp_path: Path) -> None:
     lab = with_policy(settings(api_port=8799, http_port=8089, boot_delay=3.0), k=2, ttl_max=30)
-    config = parse_config(manager_config(lab, api_token_file=None), ManagerConfig)
+    token = tmp_path / "api.token"
+    token.write_text("a-lab-token-of-enough-length-0123456789\n")
+    config = parse_config(manager_config(lab, api_token_file=token), ManagerConfig)
+    (api_token,) = config.auth.api_tokens
+    assert api_token.role == "admin"
+    assert api_token.token.reveal() == "a-lab-token-of-enough-length-0123456789"
+    assert "a-lab-token" not in manager_config(lab, api_token_file=token)  # a reference only
     pool = config.pools[0]
     assert (pool.name, pool.zone, pool.dns_name) == ("www", "lab.test", "www.lab.test")
     assert (pool.policy.k, pool.policy.ttl_max) == (2, 30)
@@ -154,8 +160,7 @@ def a_run() -> LabRun:
         http_port=8080,
         network="127.0.1",
         manager_url="http://127.0.0.1:8700",
-        api=False,
-        token_file=None,
+        token_file="/tmp/lab-x/api.token",
         objects={"count": 100, "mean_size": 10240, "min_size": 2048},
         settings={},
     )
