@@ -314,12 +314,17 @@ def series(run: LabRun) -> Series:
     last: dict[str, Any] | None = None
     for slot in range(seconds):
         last = by_second.get(slot, last)
+        published: set[str] = set()
         if last is not None:
             states = Counter(member[2] for member in last["members"])
             serving[slot] = states["active"]
             paused[slot] = states["paused"]
+            draining[slot] = states["draining"]
+            published = {member[0] for member in last["members"]}
         when = run.start + slot
         for span in run.servers:
+            if span.id in published:
+                continue  # counted from the plan (its state there is what clients saw)
             state = state_at(span, when)
             if state in BOOTING:
                 booting[slot] += 1
