@@ -563,18 +563,17 @@ def run_lab(args: argparse.Namespace) -> int:
             _say("\nstopping the lab")
             return 0
         except DnslbError as exc:
-            _say(f"dnslb lab: {exc}")
+            print(f"dnslb lab: {exc}", file=sys.stderr, flush=True)
             return 1
         finally:
             with _interrupts(ignore=True):
-                stragglers = lab.stop()
+                lab.stop()
             left = processes_mentioning(lab.marker)
             _say(
                 "stopped: no process of the lab is left"
                 if not left
                 else f"WARNING: processes {left} of the lab are still running"
             )
-            del stragglers
 
 
 @contextlib.contextmanager

@@ -232,3 +232,21 @@ def test_paper_columns_of_no_requests_are_zero() -> None:
     columns = paper_columns(ResponseStats.from_times([]), cost=0.0, ttl_total=0.0, answers=0)
     assert columns["mean_response"] == 0.0 and columns["requests_per_cost"] == 0.0
     assert columns["mean_ttl"] == 0.0
+
+
+def test_the_docs_state_the_labs_calibration_as_the_defaults_are() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "lab.md").read_text()
+    lab = settings()
+    stated = [
+        f"`capacity_rps` = {lab.capacity_rps:g} requests a second",
+        f"`send_rate` = {lab.send_rate} bytes a second",
+        f"`send_chunk` = {lab.send_chunk}-byte",
+        f"above {lab.objects.min_size} bytes, mean {lab.objects.mean_size}",
+        f"≈ {lab.max_concurrency}, so",
+        f"`http://127.0.0.1:{lab.origin_port}`",
+        f"`127.0.0.1:{lab.dns_port}` (UDP and TCP)",
+        f"after `--boot-delay` ({lab.boot_delay:g} s)",
+        f"1 to {lab.scaling.max_servers} servers",
+    ]
+    missing = [phrase for phrase in stated if phrase not in " ".join(text.split())]
+    assert missing == []
