@@ -4,6 +4,7 @@ locust command line, the experiments' cases (locust itself runs in tests/integra
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from pathlib import Path
 
@@ -173,7 +174,7 @@ def test_results_print_as_one_table_in_the_cases_order(tmp_path: Path) -> None:
     document = {
         "cases": {"t3-c": {**result(300).as_dict(), "duration": 5.0}, "t1-a": result(200).as_dict()}
     }
-    (tmp_path / "results.json").write_text(__import__("json").dumps(document))
+    (tmp_path / "results.json").write_text(json.dumps(document))
     text = results_table(read_results(tmp_path))
     lines = text.splitlines()
     assert lines[0].startswith("case")
