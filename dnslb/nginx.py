@@ -60,9 +60,15 @@ class NginxSettings:
     # Capacity emulation (the lab): at most ``capacity_rps`` requests a second start; the rest
     # wait in a queue of up to ``queue_limit`` (then 503), and each response is sent at
     # ``send_rate`` bytes a second, so a request takes time and a loaded server queues.
+    # nginx paces a response per write: after each write it waits written / send_rate. With its
+    # default 32 KiB buffers the first ``send_rate`` bytes leave at once and the rest in whole
+    # seconds; writes of ``send_chunk`` bytes make a response of S bytes take about
+    # (S - send_chunk) / send_rate seconds, as a server's work grows with what it serves
+    # (measured in docs/lab.md).
     capacity_rps: float | None = None
     queue_limit: int = 10000
     send_rate: int | None = None
+    send_chunk: int = 2048
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (empty when they can be rendered)."""
@@ -89,6 +95,8 @@ class NginxSettings:
             found.append(f"capacity_rps: must be 1/60 to 100000, not {self.capacity_rps}")
         if self.send_rate is not None and self.send_rate < 1:
             found.append("send_rate: must be at least 1 byte a second")
+        if not 512 <= self.send_chunk <= 1048576:
+            found.append(f"send_chunk: must be 512 to 1048576 bytes, not {self.send_chunk}")
         return found
 
     @property
@@ -128,13 +136,20 @@ def render_config(settings: NginxSettings, workdir: str | os.PathLike[str]) -> s
     if settings.capacity_rps is not None:
         # nginx takes whole requests per minute; a queue (burst) without nodelay delays.
         per_minute = max(1, round(settings.capacity_rps * 60))
+        # Delays are logged one level below limit_req_log_level: at "warn" they stay out of
+        # the error log, which would otherwise get a line per queued request.
         zone = (
             f"    limit_req_zone $server_addr zone=dnslb_capacity:1m rate={per_minute}r/m;\n"
-            "    limit_req_status 503;\n\n"
+            "    limit_req_status 503;\n"
+            "    limit_req_log_level warn;\n\n"
         )
         limits += f"            limit_req zone=dnslb_capacity burst={settings.queue_limit};\n"
     if settings.send_rate is not None:
-        limits += f"            limit_rate {settings.send_rate};\n"
+        limits += (
+            f"            limit_rate {settings.send_rate};\n"
+            f"            sendfile off;\n"
+            f"            output_buffers 1 {settings.send_chunk};\n"
+        )
     if settings.origin is None:
         content = "        location / {\n            return 404;\n        }\n"
     else:

@@ -120,3 +120,76 @@ def process_runs(pid: int, marker: str) -> bool:
     if stat.rpartition(")")[2].split()[0] == "Z":
         return False
     return marker.encode() in command
+
+
+def processes_mentioning(marker: str, *, exclude: int | None = None) -> list[int]:
+    """Live processes (zombies excluded) whose command line holds ``marker``, a path of ours.
+
+    This process and its ancestors (the shell that started ``dnslb lab --workdir DIR``) are
+    never listed, nor ``exclude``. A lab and its tests use this to find anything left of a run:
+    every process a lab starts names the lab's directory.
+    """
+    skip = _ancestors()
+    if exclude is not None:
+        skip.add(exclude)
+    needle = marker.encode()
+    found = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if needle in command and stat.rpartition(")")[2].split()[0] != "Z":
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill_processes_mentioning(marker: str, timeout: float = 5.0) -> list[int]:
+    """Stop every process :func:`processes_mentioning` ``marker`` with its whole process group
+    (nginx workers do not name their directory; their master does): SIGTERM, then SIGKILL after
+    ``timeout`` seconds. Returns the pids found. Never signals this process's own group. Raises
+    :class:`ProcessError` if anything survives SIGKILL."""
+    found = processes_mentioning(marker)
+    own = os.getpgrp()
+    groups = set()
+    for pid in found:
+        try:
+            group = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+        if group != own:
+            groups.add(group)
+        else:  # started in our own group: only the process itself
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(live_group_members(g) for g in groups):
+        time.sleep(0.05)
+    for group in groups:
+        wait_for_group_exit(group, timeout)
+    deadline = time.monotonic() + timeout
+    while (left := processes_mentioning(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        raise ProcessError(f"processes {left} naming {marker} survive SIGKILL")
+    return found
+
+
+def _ancestors() -> set[int]:
+    """This process and its parents, up to PID 1."""
+    found = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            stat = (_PROC / str(pid) / "stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rpartition(")")[2].split()[1])
+    return found

@@ -8,7 +8,7 @@ everything else (clients, resolvers, servers, the cloud) is modelled here.
 
 - :mod:`sim.scenario`: scenario files (YAML) into frozen dataclasses, with cases;
 - :mod:`sim.engine`: the discrete-event simulation, pure given a scenario and a seed;
-- :mod:`sim.metrics`: what a run measured, and the tables;
-- :mod:`sim.plots`: PNG plots of a run;
+- :mod:`sim.metrics`: what a run measured (the columns and tables are
+  :mod:`dnslb.evaluation`'s, shared with the lab; plots are :mod:`dnslb.evaluation_plots`);
 - :mod:`sim.runner`: the command line, suites, output files.
 """

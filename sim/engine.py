@@ -39,12 +39,19 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from dnslb.evaluation import (
+    HISTOGRAM_SCALE,
+    ResponseStats,
+    Series,
+    busiest_over_mean,
+    paper_columns,
+)
 from dnslb.model import ServerState
 from dnslb.plan import Member, MemberState, Pool
 from dnslb.policy import ServerLoad, member_values, update_load
 from dnslb.scaling import ScalingHistory, ServerLoadView, decide, record, sample_pool
 from dnslb.selection import pool_answers, rotation
-from sim.metrics import HISTOGRAM_SCALE, ResponseStats, RunResult, Series, busiest_over_mean
+from sim.metrics import RunResult
 from sim.scenario import Scenario
 
 PROPAGATION = 1.5
@@ -598,26 +605,14 @@ class Simulation:
             (server.terminated_at if server.terminated_at is not None else end) - server.created_at
             for server in self.servers
         )
-        requests = stats.count
         samples = {server.id: server.samples for server in self.servers if server.samples}
         return RunResult(
             name=scenario.name,
             seed=self.seed,
-            cost=cost,
-            total_response=stats.total,
-            requests=requests,
-            mean_response=stats.total / requests if requests else 0.0,
-            requests_per_cost=requests / cost if cost else 0.0,
-            under_3=stats.under_3 / requests if requests else 0.0,
-            from_3_to_9=stats.from_3_to_9 / requests if requests else 0.0,
-            from_9_to_60=stats.from_9 / requests if requests else 0.0,
-            mean_ttl=self.ttl_total / self.dns_queries if self.dns_queries else 0.0,
+            **paper_columns(stats, cost=cost, ttl_total=self.ttl_total, answers=self.dns_queries),
             busiest_over_mean=busiest_over_mean(samples, scenario.balance_window, end),
             saturated_seconds=self.saturated,
             failed=self.failed,
-            p50=stats.percentile(0.5),
-            p99=stats.percentile(0.99),
-            dns_queries=self.dns_queries,
             peak_servers=max((sum(counts[:4]) for counts in self.series_counts), default=0),
             simulated=end,
             events=self.events_done,

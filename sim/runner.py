@@ -19,8 +19,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dnslb.evaluation import markdown_table, table
 from sim.engine import Simulation
-from sim.metrics import RunResult, markdown_table, table
+from sim.metrics import RunResult
 from sim.scenario import SCENARIO_DIR, Scenario, ScenarioFile, load_scenarios
 
 SUITES: dict[str, tuple[str, ...]] = {
@@ -54,7 +55,7 @@ def run_job(job: Job) -> RunResult:
         job.out.mkdir(parents=True, exist_ok=True)
         (job.out / "result.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
         if job.plots:
-            from sim.plots import write_plots  # noqa: PLC0415
+            from dnslb.evaluation_plots import write_plots  # noqa: PLC0415
 
             write_plots(simulation.series(), job.out, job.scenario.name)
     return result

@@ -68,6 +68,13 @@ class LocalProviderConfig:
     send_rate: int | None = setting(
         None, help="emulated bandwidth: bytes a second per response", min=1
     )
+    send_chunk: int = setting(
+        2048,
+        help="bytes per paced write with send_rate: a response of S bytes takes about "
+        "(S - send_chunk) / send_rate seconds",
+        min=512,
+        max=1048576,
+    )
     report_interval: float = setting(1.0, help="seconds between agent reports", min=0.05)
     stop_on_exit: bool = setting(True, help="stop every server when the manager exits cleanly")
 
@@ -234,6 +241,7 @@ class LocalProvider(Provider):
             origin=self.config.origin,
             capacity_rps=self.config.capacity_rps,
             send_rate=self.config.send_rate,
+            send_chunk=self.config.send_chunk,
         )
 
     def _free_address(self) -> str:

@@ -76,3 +76,24 @@ def test_bad_settings_are_all_reported() -> None:
 def test_an_origin_that_would_break_the_config_is_refused(origin: str) -> None:
     with pytest.raises(ConfigError, match="origin"):
         render_config(NginxSettings(origin=origin), "/w")
+
+
+def test_capacity_emulation_paces_small_writes_and_keeps_delays_out_of_the_log() -> None:
+    settings = NginxSettings(
+        origin="http://127.0.0.1:9000", capacity_rps=20, send_rate=40000, send_chunk=4096
+    )
+    text = render_config(settings, "/w")
+    assert "rate=1200r/m;" in text
+    assert "limit_req_log_level warn;" in text
+    assert "limit_rate 40000;" in text
+    assert "output_buffers 1 4096;" in text and "sendfile off;" in text
+
+
+def test_without_capacity_emulation_there_is_no_pacing() -> None:
+    text = render_config(NginxSettings(origin="http://127.0.0.1:9000"), "/w")
+    assert "limit_req" not in text and "limit_rate" not in text and "output_buffers" not in text
+
+
+def test_a_send_chunk_out_of_range_is_refused() -> None:
+    with pytest.raises(ConfigError, match="send_chunk"):
+        render_config(NginxSettings(send_rate=1000, send_chunk=100), "/w")

@@ -10,7 +10,7 @@ import pytest
 
 from dnslb.cli import main
 from dnslb.errors import ConfigError
-from sim.metrics import ResponseStats, busiest_over_mean
+from dnslb.evaluation import ResponseStats, busiest_over_mean
 from sim.runner import SUITES
 from sim.scenario import (
     SCENARIO_DIR,

@@ -1,4 +1,5 @@
-"""PNG plots of a run: per-server utilization, pool size, answer TTL, response time.
+"""PNG plots of a run, simulated or measured: per-server utilization, pool size, answer TTL,
+response time.
 
 matplotlib is imported here only (with the non-interactive Agg backend), so that running
 simulations does not need it loaded.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sim.metrics import Series
+from dnslb.evaluation import Series
 
 MAX_LINES = 24
 """Above this many servers, utilization is drawn as percentile bands instead of lines."""

@@ -1,0 +1,244 @@
+"""The lab's locust load test: users that resolve the load-balanced name themselves.
+
+Each user keeps its own resolver cache (:class:`~loadtest.resolver.CachingResolver`): it asks the
+lab's DNS server when its cached answer has expired (a fraction of users, ``--ignore-ttl``, keep
+their answer for ``--ignore-ttl-hold`` seconds whatever its TTL), connects to the first address
+of the answer (or a random one, ``--connect random``), fetches a random object, thinks for an
+exponentially distributed time (mean ``--think-time``) and starts again. DNS lookups are locust
+requests of their own type (``DNS``); HTTP requests are ``GET /objects/[n]``. Every request is
+also written to ``--records`` (:mod:`dnslb.lab.records`) for the report.
+
+The load follows :class:`~loadtest.shape.StepLoad` (``--start-users``, ``--step-users``,
+``--step-time``, ``--steps``, ``--hold``). ``dnslb loadtest`` runs this file headless; by hand::
+
+    locust -f loadtest/locustfile.py --headless --dns-server 127.0.0.1:5300 \\
+        --lb-name www.lab.test --http-port 8080 --csv out/locust --records out/requests.csv
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from typing import Any
+
+import gevent
+from locust import FastHttpUser, LoadTestShape, events, task
+from locust.env import Environment
+from locust.exception import StopUser
+
+from dnslb.lab.records import DNS, Record, RecordWriter
+from loadtest.resolver import CachingResolver, LookupFailed, choose, dns_lookup
+from loadtest.shape import StepLoad
+
+_recorder: RecordWriter | None = None
+
+
+def _options(parser: Any) -> None:
+    group = parser.add_argument_group("dnslb lab")
+    group.add_argument("--dns-server", default="127.0.0.1:5300", help="HOST:PORT of the lab's DNS")
+    group.add_argument("--lb-name", default="www.lab.test", help="the load-balanced name")
+    group.add_argument("--http-port", type=int, default=8080, help="cache servers' port")
+    group.add_argument("--objects", type=int, default=100, help="objects /objects/0..N-1")
+    group.add_argument("--think-time", type=float, default=1.0, help="mean think time, seconds")
+    group.add_argument(
+        "--ignore-ttl", type=float, default=0.0, help="fraction of users ignoring TTLs (0..1)"
+    )
+    group.add_argument(
+        "--ignore-ttl-hold",
+        type=float,
+        default=600.0,
+        help="seconds a TTL-ignoring user keeps an answer",
+    )
+    group.add_argument(
+        "--connect", choices=["first", "random"], default="first", help="address to connect to"
+    )
+    group.add_argument("--request-timeout", type=float, default=60.0, help="seconds (60)")
+    group.add_argument("--records", help="CSV file of every request (dnslb.lab.records)")
+    group.add_argument("--start-users", type=int, default=10, help="users at the start")
+    group.add_argument("--step-users", type=int, default=10, help="users added each step")
+    group.add_argument("--step-time", type=float, default=30.0, help="seconds between steps")
+    group.add_argument("--steps", type=int, default=5, help="steps after the start")
+    group.add_argument("--hold", type=float, default=30.0, help="seconds at the peak")
+    group.add_argument("--seed", type=int, help="seed of the users' random choices")
+    group.add_argument(
+        "--progress", type=float, default=10.0, help="seconds between progress lines (0: none)"
+    )
+
+
+def _start(environment: Environment, **kwargs: Any) -> None:
+    global _recorder  # noqa: PLW0603 (one recorder per locust process)
+    options = environment.parsed_options
+    if options is None:
+        return
+    if options.seed is not None:
+        random.seed(options.seed)
+    if options.records:
+        _recorder = RecordWriter(options.records)
+    # A client gives up on a request after this (the paper's clients: 60 s).
+    LabUser.network_timeout = LabUser.connection_timeout = options.request_timeout
+    if options.progress > 0:
+        gevent.spawn(_progress, environment, options.progress)
+
+
+def _record(
+    *,
+    request_type: str,
+    name: str,
+    response_time: float,
+    response_length: int,
+    exception: BaseException | None = None,
+    context: dict[str, Any] | None = None,
+    start_time: float | None = None,
+    **kwargs: Any,
+) -> None:
+    if _recorder is None:
+        return
+    context = context or {}
+    seconds = response_time / 1000.0
+    _recorder.write(
+        Record(
+            start=start_time if start_time is not None else time.time() - seconds,
+            kind=request_type,
+            name=name,
+            seconds=seconds,
+            ok=exception is None,
+            address=str(context.get("address", "")),
+            ttl=context.get("ttl"),
+            length=response_length or 0,
+            error="" if exception is None else f"{type(exception).__name__}: {exception}",
+        )
+    )
+
+
+def _quit(environment: Environment, **kwargs: Any) -> None:
+    if _recorder is not None:
+        _recorder.close()
+
+
+def _progress(environment: Environment, every: float) -> None:
+    started = time.monotonic()
+    previous = 0
+    while True:
+        gevent.sleep(every)
+        runner = environment.runner
+        total = environment.stats.total
+        done = total.num_requests - previous
+        previous = total.num_requests
+        options = environment.parsed_options
+        dns = environment.stats.entries.get((options.lb_name, DNS)) if options else None
+        users = runner.user_count if runner is not None else 0
+        print(
+            f"[{time.monotonic() - started:6.0f} s] users {users:4d}  "
+            f"{done / every:6.1f} req/s  mean {total.avg_response_time / 1000:.3f} s  "
+            f"failures {total.num_failures}  dns lookups {dns.num_requests if dns else 0}",
+            flush=True,
+        )
+        if _recorder is not None:
+            _recorder.flush()
+
+
+# (add_listener is untyped: called, not used as a decorator, so the listeners stay typed)
+events.init_command_line_parser.add_listener(_options)  # type: ignore[no-untyped-call]
+events.init.add_listener(_start)  # type: ignore[no-untyped-call]
+events.request.add_listener(_record)  # type: ignore[no-untyped-call]
+events.quitting.add_listener(_quit)  # type: ignore[no-untyped-call]
+
+
+class LabUser(FastHttpUser):
+    """A client of the lab's web service (see the module docstring)."""
+
+    host = "http://www.lab.test"  # the Host header the service is asked for; set from options
+    network_timeout = 60.0
+    connection_timeout = 60.0
+    max_retries = 0
+
+    def on_start(self) -> None:
+        options = self.environment.parsed_options
+        assert options is not None
+        server, _, port = options.dns_server.rpartition(":")
+        self.lb_name = options.lb_name
+        self.port = options.http_port
+        self.objects = options.objects
+        self.think = options.think_time
+        self.connect = options.connect
+        self.rng = random.Random(random.getrandbits(64))
+        hold = options.ignore_ttl_hold if self.rng.random() < options.ignore_ttl else None
+        self.resolver = CachingResolver(dns_lookup(server, int(port)), time.monotonic, hold=hold)
+
+    def wait_time(self) -> float:
+        return self.rng.expovariate(1.0 / self.think) if self.think > 0 else 0.0
+
+    @task
+    def fetch(self) -> None:
+        address = self._address()
+        if address is None:
+            gevent.sleep(1.0)  # no answer: a client retries after a moment
+            return
+        index = self.rng.randrange(self.objects)
+        with self.client.get(
+            f"http://{address}:{self.port}/objects/{index}",
+            name="/objects/[n]",
+            headers={"Host": self.lb_name},
+            context={"address": address},
+            catch_response=True,
+        ) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}")
+                # A client whose server refused or vanished asks DNS again.
+                self.resolver.forget(self.lb_name)
+
+    def _address(self) -> str | None:
+        started = time.perf_counter()
+        start_time = time.time()
+        try:
+            answer, looked_up = self.resolver.resolve(self.lb_name)
+        except LookupFailed as exc:
+            self._dns_event(started, start_time, 0, exc, None)
+            return None
+        if looked_up:
+            self._dns_event(started, start_time, len(answer.addresses), None, answer.ttl)
+        return choose(answer.addresses, self.connect, self.rng)
+
+    def _dns_event(
+        self,
+        started: float,
+        start_time: float,
+        length: int,
+        exception: BaseException | None,
+        ttl: int | None,
+    ) -> None:
+        self.environment.events.request.fire(
+            request_type=DNS,
+            name=self.lb_name,
+            response_time=(time.perf_counter() - started) * 1000.0,
+            response_length=length,
+            exception=exception,
+            context={"ttl": ttl, "address": self.environment.parsed_options.dns_server},
+            start_time=start_time,
+        )
+
+
+class StepShape(LoadTestShape):
+    """The step load of the ``--start-users`` ... ``--hold`` options."""
+
+    def tick(self) -> tuple[int, float] | None:
+        options = self.runner.environment.parsed_options if self.runner else None
+        if options is None:
+            return None
+        load = StepLoad(
+            start=options.start_users,
+            step=options.step_users,
+            every=options.step_time,
+            count=options.steps,
+            hold=options.hold,
+        )
+        problems = list(load.problems())
+        if problems:
+            print(f"loadtest: {'; '.join(problems)}", file=sys.stderr)
+            raise StopUser
+        users = load.users_at(self.get_run_time())  # type: ignore[no-untyped-call]
+        if users is None:
+            return None
+        # Users of a step arrive within a second or two, not all in one instant.
+        return users, max(1.0, float(options.step_users))
