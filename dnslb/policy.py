@@ -169,7 +169,8 @@ def member_ttl(utilization: float, policy: PoolPolicy) -> int:
     """A server's TTL: ``ttl_max`` up to ``ttl_knee * th_over``, down to ``ttl_min`` at th_over.
 
     The curve between is ``ttl_function`` of how far the load has gone from the knee to
-    ``th_over`` (linear by default); at or above ``th_over`` the TTL is ``ttl_min``.
+    ``th_over`` (convex by default: it stays long, then drops near th_over); at or above
+    ``th_over`` the TTL is ``ttl_min``.
     """
     knee = policy.ttl_knee * policy.th_over
     if utilization <= knee:
