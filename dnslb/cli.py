@@ -136,6 +136,10 @@ def _manager(args: argparse.Namespace) -> int:
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s dnslb manager: %(levelname)s %(message)s",
     )
+    # httpx logs every request at INFO (the docker provider polls a booting container twice a
+    # second): its lines would drown the manager's own.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     loaded = load_manager_config(args.config)
     if args.check:
         print(f"{args.config}: ok")
