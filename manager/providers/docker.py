@@ -148,6 +148,11 @@ class DockerProviderConfig:
         parsed = urllib.parse.urlsplit(self.origin)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             yield f"origin: must be an http(s) URL, not {self.origin!r}"
+        if self.network in ("host", "none") or self.network.startswith(("container:", "service:")):
+            yield (
+                f"network: {self.network!r} is not a network of its own; the servers need an "
+                "address on a bridge network, like the compose lab's dnslb-lab"
+            )
         if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", self.name_prefix):
             yield f"name_prefix: {self.name_prefix!r} is not a valid container name start"
 

@@ -291,6 +291,8 @@ async def test_an_engine_that_cannot_be_reached_is_a_retryable_error(tmp_path: P
         pytest.param({"origin": "origin:8000"}, r"origin: must be an http\(s\) URL", id="origin"),
         pytest.param({"api_version": "v1.41"}, "api_version: must look like 1.41", id="version"),
         pytest.param({"name_prefix": "-x"}, "name_prefix", id="prefix"),
+        pytest.param({"network": "host"}, "not a network of its own", id="host-network"),
+        pytest.param({"network": "container:x"}, "not a network of its own", id="container"),
     ],
 )
 def test_config_problems_are_named(
