@@ -429,13 +429,19 @@ class DockerProvider(Provider):
     async def close(self) -> None:
         try:
             if self.config.stop_on_exit:
-                owned = await self.list_owned()
-                await asyncio.gather(
-                    *(self.terminate(i.ref) for i in owned if i.status is not InstanceStatus.GONE),
-                    return_exceptions=True,
+                running = [
+                    i for i in await self.list_owned() if i.status is not InstanceStatus.GONE
+                ]
+                outcomes = await asyncio.gather(
+                    *(self.terminate(i.ref) for i in running), return_exceptions=True
                 )
+                for instance, outcome in zip(running, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        log.error(
+                            "could not remove container %s at exit: %s", instance.ref[:12], outcome
+                        )
         except ProviderError as exc:
-            log.error("could not remove the pool's containers at exit: %s", exc)
+            log.error("could not list the pool's containers at exit: %s", exc)
         finally:
             await self.engine.aclose()
 
