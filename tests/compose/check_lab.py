@@ -11,8 +11,9 @@ check passed. What is checked:
 3. the same from inside the compose network (a client container resolving ``dns:5300``);
 4. the REST API (status, servers, a refused call without the token), the metrics, the
    dashboard and its Chart.js;
-5. locust's master (web UI, two workers) running a short step load headless through its
-   web API, with the step sizes given here: requests, failures, DNS lookups;
+5. a short ``locust --headless`` run in a one-off container on the lab network; then locust's
+   master (web UI, two workers) running a step load started through its web API, with the
+   sizes given here: requests, failures, DNS lookups;
 6. autoscaling through the docker provider under that load: a scale-out event and a second
    cache server container in the answers.
 """
@@ -150,6 +151,52 @@ def check_inside(results: Results, compose: list[str]) -> None:
     )
 
 
+def check_headless(results: Results, compose: list[str], seconds: int) -> None:
+    """locust --headless in a one-off container of the locust image, on the lab network."""
+    command = [
+        *compose,
+        "run",
+        "--rm",
+        "-T",
+        "--no-deps",
+        "locust-master",
+        "locust",
+        "--locustfile=/opt/dnslb/src/loadtest/locustfile.py",
+        "--headless",
+        "--only-summary",
+        "--json",
+        "--loglevel=WARNING",
+        "--progress=0",
+        "--dns-server=dns:5300",
+        f"--lb-name={NAME}",
+        f"--http-port={HTTP_PORT}",
+        "--start-users=10",
+        "--step-users=0",
+        "--steps=0",
+        f"--step-time={seconds}",
+        "--hold=0",
+    ]
+    started = time.monotonic()
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=seconds + 90, check=False
+    )
+    elapsed = time.monotonic() - started
+    try:
+        rows = {row["name"]: row for row in json.loads(done.stdout[done.stdout.index("[") :])}
+    except ValueError:
+        rows = {}
+    http = rows.get("/objects/[n]", {})
+    requests, failures = int(http.get("num_requests", 0)), int(http.get("num_failures", 0))
+    lookups = int(rows.get(NAME, {}).get("num_requests", 0))
+    results.check(
+        "locust --headless",
+        done.returncode == 0 and requests >= 3 * seconds and failures == 0 and lookups >= 10,
+        f"10 users for {seconds} s in a one-off container ({elapsed:.0f} s in all): {requests} "
+        f"HTTP requests, {failures} failed, {lookups} DNS lookups, exit {done.returncode}"
+        + (f"; stderr: {done.stderr.strip()[-300:]}" if done.returncode or not rows else ""),
+    )
+
+
 def check_api(results: Results, api: str, token: str, addresses: list[str]) -> None:
     auth = {"Authorization": f"Bearer {token}"}
     status = httpx.get(f"{api}/v1/status", headers=auth, timeout=10)
@@ -283,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         addresses = check_dns_and_http(results, server, int(port))
         check_inside(results, args.compose.split())
         check_api(results, args.api.rstrip("/"), token, addresses)
+        check_headless(results, args.compose.split(), seconds=15)
         check_load(
             results, args.locust.rstrip("/"), args.api.rstrip("/"), token, server, int(port), load
         )
