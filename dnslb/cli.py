@@ -507,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     experiments.add_argument("--boot-delay", type=float, default=10.0, help="seconds (10)")
     experiments.add_argument("--tables", help="only these tables, e.g. 1,3 (default all)")
     experiments.add_argument("--cases", help="only cases whose key matches this regex (t3-c)")
+    experiments.add_argument(
+        "--show", metavar="DIR", help="print the table of an earlier run's results and exit"
+    )
     experiments.add_argument("--dns-port", type=int, default=5300, help="DNS port (5300)")
     experiments.add_argument("--api-port", type=int, default=8700, help="manager port (8700)")
     experiments.add_argument("--http-port", type=int, default=8080, help="cache port (8080)")

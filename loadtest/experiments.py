@@ -23,12 +23,11 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dnslb.errors import ConfigError
+from dnslb.errors import ConfigError, DnslbError
 from dnslb.evaluation import CaseResult, markdown_table, table
 from dnslb.lab.report import load_run, write_report
 from dnslb.lab.runner import Lab, default_workdir
@@ -58,41 +57,55 @@ def plain(ttl: int, th_over: float) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Case:
-    """One case: the tables it is in and its policy (changes to the product's defaults)."""
+    """One case: its row in the table, the paper's tables it replays, its policy (changes to the
+    product's defaults)."""
 
     key: str
+    label: str
     tables: tuple[str, ...]
-    names: tuple[str, ...]  # its name in each of its tables
     policy: dict[str, Any]
 
 
 CASES: tuple[Case, ...] = (
-    Case("t1-a", ("1",), ("A no pause (plain DNS round-robin)",), plain(60, NEVER)),
-    Case("t1-b", ("1",), ("B th_over 0.6",), plain(60, 0.6)),
-    Case("t1-c", ("1",), ("C th_over 0.8",), plain(60, 0.8)),
-    Case("t1-d", ("1",), ("D th_over 1.0",), plain(60, 1.0)),
-    Case("t2-a", ("2",), ("A no pause",), plain(30, NEVER)),
-    Case("t2-b", ("2",), ("B th_over 0.6",), plain(30, 0.6)),
-    Case("t2-c", ("2",), ("C th_over 0.8",), plain(30, 0.8)),
-    Case("t2-d", ("2",), ("D th_over 1.0",), plain(30, 1.0)),
-    Case("t3-a", ("3",), ("A k=1",), {"k": 1}),
-    Case("t3-b", ("3",), ("B k=2",), {"k": 2}),
-    Case("t3-c", ("3", "4"), ("C k=4", "variable TTL, k=4"), {"k": 4}),
-    Case("t3-d", ("3",), ("D k=8",), {"k": 8}),
-    Case(
-        "t4-fixed",
-        ("4",),
-        ("fixed TTL 40, all addresses",),
-        plain(40, 0.8),
-    ),
+    Case("t1-a", "T1 A TTL 60, no pause (plain DNS RR)", ("1",), plain(60, NEVER)),
+    Case("t1-b", "T1 B TTL 60, th_over 0.6", ("1",), plain(60, 0.6)),
+    Case("t1-c", "T1 C TTL 60, th_over 0.8", ("1",), plain(60, 0.8)),
+    Case("t1-d", "T1 D TTL 60, th_over 1.0", ("1",), plain(60, 1.0)),
+    Case("t2-a", "T2 A TTL 30, no pause", ("2",), plain(30, NEVER)),
+    Case("t2-b", "T2 B TTL 30, th_over 0.6", ("2",), plain(30, 0.6)),
+    Case("t2-c", "T2 C TTL 30, th_over 0.8", ("2",), plain(30, 0.8)),
+    Case("t2-d", "T2 D TTL 30, th_over 1.0", ("2",), plain(30, 1.0)),
+    Case("t3-a", "T3 A variable TTL, k=1", ("3",), {"k": 1}),
+    Case("t3-b", "T3 B variable TTL, k=2", ("3",), {"k": 2}),
+    Case("t3-c", "T3 C = T4 product: variable TTL, k=4", ("3", "4"), {"k": 4}),
+    Case("t3-d", "T3 D variable TTL, k=8", ("3",), {"k": 8}),
+    Case("t4-fixed", "T4 fixed TTL 40, all addresses", ("4",), plain(40, 0.8)),
 )
 
-TITLES = {
-    "1": "Table 1: pause on overload, TTL 60 (plain DNS round-robin, every address)",
-    "2": "Table 2: pause on overload, TTL 30",
-    "3": "Table 3: variable TTL and weighted round-robin, k addresses per answer",
-    "4": "Table 4: variable TTL + weighted RR (k=4) against a fixed 40 s TTL, every address",
-}
+TABLES = ("1", "2", "3", "4")
+
+
+def results_table(results: dict[str, CaseResult], *, markdown: bool = False) -> str:
+    """One table of the paper's columns, a row per case run, in the order of :data:`CASES`."""
+    rows = [
+        dataclasses.replace(results[case.key], name=case.label)
+        for case in CASES
+        if case.key in results
+    ]
+    return markdown_table(rows) if markdown else table(rows)
+
+
+def read_results(directory: Path) -> dict[str, CaseResult]:
+    """The results a run wrote in ``directory/results.json``."""
+    try:
+        document = json.loads((directory / "results.json").read_text())
+        fields = {field.name for field in dataclasses.fields(CaseResult)}
+        return {
+            key: CaseResult(**{k: v for k, v in values.items() if k in fields})
+            for key, values in document["cases"].items()
+        }
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError("experiments", [f"{directory}/results.json: {exc}"]) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +133,7 @@ class ExperimentPlan:
         return StepLoad(start=step, step=step, every=every, count=6, hold=every)
 
 
-def run_case(case: Case, plan: ExperimentPlan, say: Callable[[str], None]) -> CaseResult:
+def run_case(case: Case, plan: ExperimentPlan) -> CaseResult:
     """Run one case in a fresh lab; its files stay in ``plan.out / case.key``."""
     directory = plan.out / case.key
     policy = dataclasses.replace(PoolPolicy(), **case.policy)
@@ -162,8 +175,11 @@ def run_case(case: Case, plan: ExperimentPlan, say: Callable[[str], None]) -> Ca
 
 def main(args: argparse.Namespace) -> int:
     """``dnslb experiments``."""
-    wanted = set(args.tables.split(",")) if args.tables else set(TITLES)
-    unknown = wanted - set(TITLES)
+    if args.show:
+        print(results_table(read_results(Path(args.show))))
+        return 0
+    wanted = set(args.tables.split(",")) if args.tables else set(TABLES)
+    unknown = wanted - set(TABLES)
     if unknown:
         raise ConfigError("experiments", [f"--tables: no table {', '.join(sorted(unknown))}"])
     cases = [case for case in CASES if wanted & set(case.tables)]
@@ -194,9 +210,15 @@ def main(args: argparse.Namespace) -> int:
     )
     started = time.monotonic()
     results: dict[str, CaseResult] = {}
+    failed: list[str] = []
     for number, case in enumerate(cases, 1):
         case_started = time.monotonic()
-        result = run_case(case, plan, print)
+        try:
+            result = run_case(case, plan)
+        except DnslbError as exc:  # one broken case must not cost the others' hour
+            failed.append(case.key)
+            print(f"{number}/{len(cases)} {case.key} failed: {exc}", file=sys.stderr, flush=True)
+            continue
         results[case.key] = result
         print(
             f"[{time.monotonic() - started:6.0f} s] {number}/{len(cases)} {case.key}: "
@@ -206,21 +228,14 @@ def main(args: argparse.Namespace) -> int:
             flush=True,
         )
     elapsed = time.monotonic() - started
-    text, markdown = [], []
-    for key, title in TITLES.items():
-        rows = [
-            dataclasses.replace(results[case.key], name=case.names[case.tables.index(key)])
-            for case in cases
-            if key in case.tables and case.key in results
-        ]
-        if rows:
-            text.append(table(rows, title=title))
-            markdown.append(f"### {title}\n\n{markdown_table(rows)}")
-    footer = f"{len(cases)} cases in {elapsed / 60:.1f} min"
-    print("\n" + "\n\n".join(text) + f"\n\n{footer}")
+    text = results_table(results)
+    footer = f"{len(results)} cases in {elapsed / 60:.1f} min"
+    if failed:
+        footer += f"; failed: {', '.join(failed)} (see their directories under {out})"
+    print(f"\n{text}\n\n{footer}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.txt").write_text("\n\n".join(text) + f"\n\n{footer}\n")
-    (out / "results.md").write_text("\n\n".join(markdown) + f"\n\n{footer}\n")
+    (out / "results.txt").write_text(f"{text}\n\n{footer}\n")
+    (out / "results.md").write_text(f"{results_table(results, markdown=True)}\n\n{footer}\n")
     (out / "results.json").write_text(
         json.dumps(
             {
@@ -233,4 +248,4 @@ def main(args: argparse.Namespace) -> int:
         )
         + "\n"
     )
-    return 0
+    return 1 if failed else 0

@@ -94,10 +94,10 @@ def read_lab_info(workdir: str | os.PathLike[str]) -> LabInfo:
         return LabInfo(**document)
     except OSError as exc:
         raise ConfigError(
-            "lab", [f"{path}: cannot read ({exc.strerror}): is a lab running there?"]
+            "no lab", [f"{path}: cannot read ({exc.strerror}): has a lab run there?"]
         ) from None
     except (ValueError, TypeError) as exc:
-        raise ConfigError("lab", [f"{path}: not a lab description: {exc}"]) from None
+        raise ConfigError("no lab", [f"{path}: not a lab description: {exc}"]) from None
 
 
 class Lab:
@@ -140,7 +140,7 @@ class Lab:
         """
         problems = list(self.settings.problems())
         if problems:
-            raise ConfigError("lab", problems)
+            raise ConfigError("invalid options", problems)
         self.started_at = time.monotonic()
         try:
             self._prepare_workdir()
@@ -217,7 +217,7 @@ class Lab:
                 "(another lab's cache server?); choose another --http-port or --network"
             )
         if problems:
-            raise ConfigError("lab", problems)
+            raise ConfigError("cannot start", problems)
 
     def _write_config(self) -> None:
         # A new token every run, readable by its owner only; the config names the file.

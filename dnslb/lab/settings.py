@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,13 +140,32 @@ class LabSettings:
             yield from _config_problems(what, value)
 
 
+_OPTIONS = {
+    "policy": ("k", "ttl_max", "ttl_min", "th_over"),
+    "scaling": ("min_servers", "max_servers"),
+}
+_PROBLEM = re.compile(r"^(?P<what>\w+)(?:, line \d+)?: (?:(?P<key>\w+): )?(?P<text>.*)$")
+
+
 def _config_problems(what: str, value: object) -> Iterator[str]:
-    """The problems the manager would find in ``value`` (bounds, combinations), named ``what``:
-    built back from its document by the same loader as the manager's configuration."""
+    """The problems the manager would find in ``value`` (bounds, combinations): built back from
+    its document by the same loader as the manager's configuration. A key that ``dnslb lab``
+    has an option for is named by the option (``--k: must be at least 1, not 0``)."""
     try:
         parse_config(json.dumps(to_document(value)), type(value), source=what)
     except ConfigError as exc:
-        yield from exc.problems
+        for problem in exc.problems:
+            match = _PROBLEM.match(problem)
+            if match is None:
+                yield problem
+                continue
+            key, text = match.group("key"), match.group("text")
+            if key in _OPTIONS.get(what, ()):
+                yield f"--{key.replace('_', '-')}: {text}"
+            elif key:
+                yield f"{what}.{key}: {text}"
+            else:
+                yield f"{what}: {text}"
 
 
 def manager_config(settings: LabSettings, *, api_token_file: Path | None) -> str:

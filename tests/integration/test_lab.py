@@ -4,15 +4,18 @@ left; the ``dnslb lab`` command stopped by Ctrl-C; a port in use refused with a 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dnslb.errors import ConfigError
@@ -106,7 +109,7 @@ def test_lab_loadtest_report_and_nothing_left(tmp_path: Path) -> None:
     assert "utilization.png" in page and f"{result.requests}" in page
 
 
-def test_the_lab_command_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+def test_the_lab_command_serves_the_api_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     settings = lab_settings(tmp_path / "lab", "127.0.7")
     command = [
         sys.executable,
@@ -144,6 +147,7 @@ def test_the_lab_command_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
         assert f"127.0.0.1:{settings.dns_port}" in text
         assert str(settings.workdir) in text
         assert processes_naming(settings.workdir), "the lab runs nothing?"
+        check_api(settings, text)
         process.send_signal(signal.SIGINT)
         rest, _ = process.communicate(timeout=60)
     finally:
@@ -153,6 +157,43 @@ def test_the_lab_command_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     assert process.returncode == 0, rest
     assert "stopped: no process of the lab is left" in rest
     assert processes_naming(settings.workdir) == []
+
+    # Run again: --keep-state goes on with the same state database, a plain run starts clean.
+    first_events = event_count(settings.workdir)
+    once = [*command, "--once"]
+    kept = subprocess.run(
+        [*once, "--keep-state"], check=False, capture_output=True, text=True, timeout=90
+    )
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    kept_events = event_count(settings.workdir)
+    assert kept_events > first_events
+    clean = subprocess.run(once, check=False, capture_output=True, text=True, timeout=90)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert event_count(settings.workdir) < kept_events
+    assert processes_naming(settings.workdir) == []
+
+
+def event_count(workdir: Path) -> int:
+    with contextlib.closing(sqlite3.connect(workdir / "state.db")) as db:
+        return int(db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+
+
+def check_api(settings: LabSettings, printed: str) -> None:
+    """The dashboard, API and metrics answer with the token the lab printed, not without."""
+    token_file = settings.workdir / "api.token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    token = token_file.read_text().strip()
+    assert token in printed
+    base = f"http://127.0.0.1:{settings.api_port}"
+    for path in ("/v1/status", "/metrics", "/dashboard/"):
+        assert f"{base}{path}" in printed, path
+    with httpx.Client(base_url=base, timeout=10) as client:
+        assert client.get("/v1/status").status_code == 401
+        headers = {"Authorization": f"Bearer {token}"}
+        assert client.get("/v1/status", headers=headers).status_code == 200
+        metrics = client.get("/metrics", headers=headers)
+        assert metrics.status_code == 200 and "dnslb" in metrics.text
+        assert client.get("/dashboard/").status_code == 200
 
 
 def test_a_port_in_use_is_refused_with_the_option_to_change(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ locust command line, the experiments' cases (locust itself runs in tests/integra
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def test_every_experiment_case_is_a_valid_policy() -> None:
         document = {**case.policy}
         policy = parse_config(str(document).replace("'", '"'), PoolPolicy)
         assert isinstance(policy, PoolPolicy)
-        assert len(case.names) == len(case.tables)
+        assert set(case.tables) <= {"1", "2", "3", "4"}
     assert plain(60, NEVER)["ttl_min"] == plain(60, NEVER)["ttl_max"] == 60
 
 
@@ -155,3 +156,40 @@ def test_the_experiments_step_load_fills_the_case() -> None:
 )
 def test_the_dns_server_may_be_named(server: str, address: str) -> None:
     assert server_address(server) == address
+
+
+def test_results_print_as_one_table_in_the_cases_order(tmp_path: Path) -> None:
+    from dnslb.evaluation import CaseResult  # noqa: PLC0415
+    from loadtest.experiments import read_results, results_table  # noqa: PLC0415
+
+    def result(requests: int) -> CaseResult:
+        return CaseResult(
+            name="x",
+            cost=100.0,
+            total_response=requests * 0.5,
+            requests=requests,
+            mean_response=0.5,
+            requests_per_cost=requests / 100,
+            under_3=1.0,
+            from_3_to_9=0.0,
+            from_9_to_60=0.0,
+            mean_ttl=42.0,
+            busiest_over_mean=1.2,
+            saturated_seconds=0.0,
+            failed=0,
+            p50=0.4,
+            p99=2.0,
+            dns_queries=10,
+            peak_servers=2,
+        )
+
+    document = {
+        "cases": {"t3-c": {**result(300).as_dict(), "duration": 5.0}, "t1-a": result(200).as_dict()}
+    }
+    (tmp_path / "results.json").write_text(json.dumps(document))
+    text = results_table(read_results(tmp_path))
+    lines = text.splitlines()
+    assert lines[0].startswith("case")
+    assert lines[1].startswith("T1 A TTL 60, no pause (plain DNS RR)")
+    assert lines[2].startswith("T3 C = T4 product: variable TTL, k=4")
+    assert " 300 " in lines[2] and "42.0" in lines[2]
