@@ -1,7 +1,7 @@
 """A small Docker Engine for tests: the API calls the docker provider makes, on a unix socket.
 
 It keeps real state (containers with their names, labels, files, state and address on their
-network) and answers as the Engine does (API 1.41: status codes, ``{"message": ...}`` errors,
+network) and answers as the Engine does (status codes, ``{"message": ...}`` errors,
 list filters by label, multiplexed logs), so the provider runs its real httpx transport against
 it. ``exit(ref, code, output)`` makes a container exit as a crashed server would;
 ``containers`` is what a test inspects. Served by ``http.server`` in a thread; a context manager.
@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import socket
 import struct
 import tarfile
@@ -71,6 +72,9 @@ class FakeDockerEngine:
     def __init__(self, socket_path: Path, *, images: tuple[str, ...] = ("dnslb-lab/cache:latest",)):
         self.socket_path = socket_path
         self.images = set(images)
+        self.api_version = "1.41"  # what GET /version says: Engine 20.10's
+        self.min_api = "1.12"
+        self.versions_used: set[str] = set()
         self.networks = {"dnslb-lab"}
         self.containers: dict[str, FakeContainer] = {}
         self.calls: list[str] = []
@@ -78,6 +82,13 @@ class FakeDockerEngine:
         self.lock = threading.Lock()
         self._numbers = 0
         self._server: _Server | None = None
+
+    def serves(self, version: tuple[int, int] | None) -> bool:
+        def parse(text: str) -> tuple[int, int]:
+            major, _, minor = text.partition(".")
+            return int(major), int(minor)
+
+        return version is not None and parse(self.min_api) <= version <= parse(self.api_version)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -151,10 +162,18 @@ class FakeDockerEngine:
                             del owner.fail_next[prefix]
                             self._reply(status, {"message": "told to fail"})
                             return
-                if not path.startswith("/v1.41/"):
+                if path == "/version" and self.command == "GET":
+                    self._reply(
+                        200, {"ApiVersion": owner.api_version, "MinAPIVersion": owner.min_api}
+                    )
+                    return
+                match = re.match(r"^/v(\d+)\.(\d+)(/.*)$", path)
+                version = (int(match.group(1)), int(match.group(2))) if match else None
+                if match is None or not owner.serves(version):
                     self._reply(400, {"message": f"client version not supported: {path}"})
                     return
-                status, answer, raw = owner.answer(self.command, path[6:], query, body)
+                owner.versions_used.add(f"{match.group(1)}.{match.group(2)}")
+                status, answer, raw = owner.answer(self.command, match.group(3), query, body)
                 self._reply(status, answer, raw=raw)
 
             def do_GET(self) -> None:

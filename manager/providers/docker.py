@@ -73,6 +73,12 @@ AGENT_TOKEN = f"{CONFIG_DIR}/agent.token"
 LOG_LINES = 5
 """Log lines of an exited container kept in the detail of its ``GONE`` instance."""
 
+OLDEST_API = "1.41"
+NEWEST_API = "1.47"
+"""The Engine API versions this provider is written for: 1.41 (Engine 20.10, Debian 12's, where
+it is tested) to 1.47 (Engine 27); the calls it makes and the fields it reads are the same in
+all of them."""
+
 _USER = re.compile(r"^(\d+):(\d+)$")
 _API_VERSION = re.compile(r"^1\.\d+$")
 
@@ -95,8 +101,10 @@ class DockerProviderConfig:
         "/var/run/docker.sock",
         help="the engine's API socket; whoever can use it is root on the host (docs/compose.md)",
     )
-    api_version: str = setting(
-        "1.41", help="Docker Engine API version spoken (1.41: Engine 20.10 and every later one)"
+    api_version: str | None = setting(
+        None,
+        help="Docker Engine API version to speak (default: negotiated with the engine, "
+        f"{OLDEST_API} to {NEWEST_API})",
     )
     port: int = setting(8080, help="port every cache server listens on", min=1, max=65535)
     user: str = setting(
@@ -138,7 +146,7 @@ class DockerProviderConfig:
     def config_problems(self) -> Iterator[str]:
         if not self.socket.startswith("/"):
             yield f"socket: must be an absolute path, not {self.socket!r}"
-        if not _API_VERSION.match(self.api_version):
+        if self.api_version is not None and not _API_VERSION.match(self.api_version):
             yield f"api_version: must look like 1.41, not {self.api_version!r}"
         match = _USER.match(self.user)
         if match is None:
@@ -216,22 +224,38 @@ def _address(networks: Mapping[str, Any], network: str) -> str | None:
 
 class DockerEngine:
     """The few Engine API calls the provider makes. Errors are :class:`ProviderError`s: an
-    engine that cannot be reached or fails (5xx) is ``retryable``; a refusal (4xx) is not."""
+    engine that cannot be reached or fails (5xx) is ``retryable``; a refusal (4xx) is not.
+
+    The API version is ``api_version``, or, when that is None, negotiated at the first call as
+    the docker CLI does: the engine's own version, at most :data:`NEWEST_API` (engines drop old
+    versions: Engine 29 serves 1.44 and later only).
+    """
 
     def __init__(
         self,
         socket_path: str,
-        api_version: str,
+        api_version: str | None,
         timeout: float,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.api_version = api_version
+        self._negotiating = asyncio.Lock()
         self._client = httpx.AsyncClient(
             transport=transport or httpx.AsyncHTTPTransport(uds=socket_path),
-            base_url=f"http://docker/v{api_version}",
+            base_url="http://docker",
             timeout=timeout,
         )
+
+    async def version(self) -> str:
+        """The API version spoken (negotiated once)."""
+        async with self._negotiating:
+            if self.api_version is None:
+                response = await self._send("GET", "/version", accept=(200,))
+                self.api_version = negotiate(response.json())
+                log.info("Docker Engine API %s at %s", self.api_version, self.socket_path)
+            return self.api_version
 
     async def request(
         self,
@@ -245,7 +269,32 @@ class DockerEngine:
         accept: tuple[int, ...] = (200, 201, 204, 304),
         timeout: float | None = None,
     ) -> httpx.Response:
-        """One call; a status outside ``accept`` raises :class:`ProviderError`."""
+        """One call of the versioned API; a status outside ``accept`` raises
+        :class:`ProviderError`."""
+        version = await self.version()
+        return await self._send(
+            method,
+            f"/v{version}{path}",
+            params=params,
+            body=body,
+            content=content,
+            headers=headers,
+            accept=accept,
+            timeout=timeout,
+        )
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        accept: tuple[int, ...],
+        timeout: float | None = None,
+    ) -> httpx.Response:
         try:
             response = await self._client.request(
                 method,
@@ -298,6 +347,32 @@ class DockerEngine:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _api(version: str) -> tuple[int, int]:
+    major, _, minor = version.partition(".")
+    return int(major), int(minor)
+
+
+def negotiate(answer: Any) -> str:
+    """The API version to speak with an engine whose ``GET /version`` said ``answer``: its own,
+    at most :data:`NEWEST_API`; a :class:`ProviderError` when the engine serves no version from
+    :data:`OLDEST_API` to :data:`NEWEST_API`."""
+    try:
+        engine = str(answer["ApiVersion"])
+        oldest = str(answer.get("MinAPIVersion") or engine)
+        chosen = min(engine, NEWEST_API, key=_api)
+        ok = _api(chosen) >= max(_api(oldest), _api(OLDEST_API))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ProviderError(
+            f"the Docker Engine answered an unexpected version: {answer!r}"
+        ) from None
+    if not ok:
+        raise ProviderError(
+            f"the Docker Engine serves API {oldest} to {engine}; this provider speaks "
+            f"{OLDEST_API} to {NEWEST_API}"
+        )
+    return chosen
 
 
 def _quote(ref: str) -> str:

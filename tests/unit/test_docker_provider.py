@@ -361,3 +361,47 @@ async def test_the_manager_launches_through_the_engine_and_removes_at_exit(
     await manager.close()
     assert engine.containers == {}
     assert manager.fleet.pools["www"].servers == {}
+
+
+@pytest.mark.parametrize(
+    ("engine_api", "engine_min", "spoken"),
+    [
+        pytest.param("1.41", "1.12", "1.41", id="engine-20.10"),
+        pytest.param("1.47", "1.24", "1.47", id="engine-27"),
+        pytest.param("1.52", "1.44", "1.47", id="engine-29-newer-than-us"),
+    ],
+)
+@synchronous
+async def test_the_api_version_is_negotiated_with_the_engine(
+    engine: FakeDockerEngine, tmp_path: Path, engine_api: str, engine_min: str, spoken: str
+) -> None:
+    engine.api_version, engine.min_api = engine_api, engine_min
+    provider = make_provider(engine, tmp_path)
+    await provider.launch(request())
+    await provider.list_owned()
+    await provider.engine.aclose()
+    assert engine.versions_used == {spoken}
+    assert engine.calls.count("GET /version") == 1
+
+
+@synchronous
+async def test_an_engine_without_a_version_we_speak_is_refused_saying_which(
+    engine: FakeDockerEngine, tmp_path: Path
+) -> None:
+    engine.api_version, engine.min_api = "1.55", "1.50"
+    provider = make_provider(engine, tmp_path)
+    with pytest.raises(ProviderError, match=r"serves API 1\.50 to 1\.55; this provider speaks"):
+        await provider.launch(request())
+    await provider.engine.aclose()
+    assert engine.containers == {}
+
+
+@synchronous
+async def test_a_configured_api_version_is_spoken_as_it_is(
+    engine: FakeDockerEngine, tmp_path: Path
+) -> None:
+    provider = make_provider(engine, tmp_path, api_version="1.40")
+    await provider.list_owned()
+    await provider.engine.aclose()
+    assert engine.versions_used == {"1.40"}
+    assert "GET /version" not in engine.calls
