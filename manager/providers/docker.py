@@ -416,7 +416,6 @@ class DockerProvider(Provider):
     ) -> None:
         super().__init__(config, context)
         self.config: DockerProviderConfig = config
-        # A stop waits up to stop_timeout inside the engine before its answer.
         self.engine = DockerEngine(
             config.socket, config.api_version, config.timeout, transport=transport
         )
@@ -437,11 +436,10 @@ class DockerProvider(Provider):
             ),
             accept=(201, 404, 409),
         )
-        if response.status_code == 404:
-            raise ProviderError(
-                f"image {self.config.image} is not on the Docker Engine ({_message(response)}): "
-                "build it first (docker-compose build)"
-            )
+        if response.status_code == 404:  # no such image, or no such network
+            message = _message(response)
+            hint = " (build it: docker-compose build)" if "image" in message.lower() else ""
+            raise ProviderError(f"the Docker Engine cannot create {name}: {message}{hint}")
         if response.status_code == 409:  # created meanwhile by a launch retried behind our back
             existing = await self.engine.inspect(name)
             if existing is None:

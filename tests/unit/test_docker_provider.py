@@ -253,11 +253,23 @@ async def test_a_missing_image_fails_the_launch_saying_what_to_do(
     engine: FakeDockerEngine, tmp_path: Path
 ) -> None:
     provider = make_provider(engine, tmp_path, image="dnslb-lab/cache:missing")
-    with pytest.raises(ProviderError, match=r"dnslb-lab/cache:missing.*build it") as caught:
+    with pytest.raises(
+        ProviderError, match=r"No such image: dnslb-lab/cache:missing \(build"
+    ) as caught:
         await provider.launch(request())
     await provider.engine.aclose()
     assert caught.value.retryable is False
     assert engine.containers == {}
+
+
+@synchronous
+async def test_a_missing_network_fails_the_launch_naming_it(
+    engine: FakeDockerEngine, tmp_path: Path
+) -> None:
+    provider = make_provider(engine, tmp_path, network="no-such-net")
+    with pytest.raises(ProviderError, match=r"cannot create dnslb-www-1: network not found$"):
+        await provider.launch(request())
+    await provider.engine.aclose()
 
 
 @synchronous
