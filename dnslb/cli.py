@@ -109,6 +109,21 @@ def _agent(args: argparse.Namespace) -> int:
     return agent_main(args.config)
 
 
+def _cache_server(args: argparse.Namespace) -> int:
+    from agents.cache_server import main as cache_server_main  # noqa: PLC0415
+    from dnslb.nginx import NginxSettings  # noqa: PLC0415
+
+    settings = NginxSettings(
+        address=args.address,
+        port=args.port,
+        origin=args.origin,
+        capacity_rps=args.capacity_rps,
+        send_rate=args.send_rate,
+        send_chunk=args.send_chunk,
+    )
+    return cache_server_main(settings, args.workdir, args.agent_config)
+
+
 def _manager(args: argparse.Namespace) -> int:
     import asyncio  # noqa: PLC0415
     import signal  # noqa: PLC0415
@@ -121,6 +136,10 @@ def _manager(args: argparse.Namespace) -> int:
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s dnslb manager: %(levelname)s %(message)s",
     )
+    # httpx logs every request at INFO (the docker provider polls a booting container twice a
+    # second): its lines would drown the manager's own.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     loaded = load_manager_config(args.config)
     if args.check:
         print(f"{args.config}: ok")
@@ -408,6 +427,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.add_argument("--config", required=True, metavar="FILE", help="agent configuration")
     agent.set_defaults(handler=_agent)
+
+    cache = commands.add_parser(
+        "cache-server",
+        help="a cache server in one process tree: nginx and its agent (a container's command)",
+    )
+    cache.add_argument("--agent-config", required=True, metavar="FILE", help="agent config")
+    cache.add_argument("--origin", required=True, help="the origin nginx caches, http://HOST:PORT")
+    cache.add_argument("--address", default="0.0.0.0", help="listen address (0.0.0.0)")  # noqa: S104
+    cache.add_argument("--port", type=int, default=8080, help="listen port (8080)")
+    cache.add_argument(
+        "--workdir", default="/var/lib/dnslb/cache", help="nginx's files and cache directory"
+    )
+    cache.add_argument(
+        "--capacity-rps", type=float, help="emulated capacity: requests a second (none: no limit)"
+    )
+    cache.add_argument(
+        "--send-rate", type=int, help="emulated bandwidth: bytes a second per response"
+    )
+    cache.add_argument("--send-chunk", type=int, default=2048, help="bytes per paced write")
+    cache.set_defaults(handler=_cache_server)
 
     manager = commands.add_parser("manager", help="run the manager (reports in, plan out)")
     manager.add_argument("--config", required=True, help="manager configuration (YAML)")

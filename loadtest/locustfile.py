@@ -28,7 +28,7 @@ from locust.env import Environment
 from locust.exception import StopUser
 
 from dnslb.lab.records import DNS, Record, RecordWriter
-from loadtest.resolver import CachingResolver, LookupFailed, choose, dns_lookup
+from loadtest.resolver import CachingResolver, LookupFailed, choose, dns_lookup, server_address
 from loadtest.shape import StepLoad
 
 _recorder: RecordWriter | None = None
@@ -36,7 +36,11 @@ _recorder: RecordWriter | None = None
 
 def _options(parser: Any) -> None:
     group = parser.add_argument_group("dnslb lab")
-    group.add_argument("--dns-server", default="127.0.0.1:5300", help="HOST:PORT of the lab's DNS")
+    group.add_argument(
+        "--dns-server",
+        default="127.0.0.1:5300",
+        help="ADDRESS:PORT (or NAME:PORT) of the lab's DNS",
+    )
     group.add_argument("--lb-name", default="www.lab.test", help="the load-balanced name")
     group.add_argument("--http-port", type=int, default=8080, help="cache servers' port")
     group.add_argument("--objects", type=int, default=100, help="objects /objects/0..N-1")
@@ -145,6 +149,16 @@ events.request.add_listener(_record)  # type: ignore[no-untyped-call]
 events.quitting.add_listener(_quit)  # type: ignore[no-untyped-call]
 
 
+_addresses: dict[str, str] = {}
+
+
+def _dns_address(server: str) -> str:
+    """The DNS server's address, its name resolved once per process (every user shares it)."""
+    if server not in _addresses:
+        _addresses[server] = server_address(server)
+    return _addresses[server]
+
+
 class LabUser(FastHttpUser):
     """A client of the lab's web service (see the module docstring)."""
 
@@ -164,7 +178,9 @@ class LabUser(FastHttpUser):
         self.connect = options.connect
         self.rng = random.Random(random.getrandbits(64))
         hold = options.ignore_ttl_hold if self.rng.random() < options.ignore_ttl else None
-        self.resolver = CachingResolver(dns_lookup(server, int(port)), time.monotonic, hold=hold)
+        self.resolver = CachingResolver(
+            dns_lookup(_dns_address(server), int(port)), time.monotonic, hold=hold
+        )
 
     def wait_time(self) -> float:
         return self.rng.expovariate(1.0 / self.think) if self.think > 0 else 0.0

@@ -8,7 +8,9 @@ the clock passed in; :func:`dns_lookup` is the real lookup over UDP (dnspython).
 
 from __future__ import annotations
 
+import ipaddress
 import random
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -74,8 +76,21 @@ class CachingResolver:
         self._cache.pop(name, None)
 
 
+def server_address(server: str) -> str:
+    """The IP address of the DNS server ``server``: itself when it is one, else the address its
+    name resolves to here (the compose lab's locust names the ``dns`` service)."""
+    try:
+        return str(ipaddress.ip_address(server.strip("[]")))
+    except ValueError:
+        pass
+    try:
+        return str(socket.getaddrinfo(server, 53, proto=socket.IPPROTO_UDP)[0][4][0])
+    except OSError as exc:
+        raise LookupFailed(f"DNS server {server!r}: cannot resolve its name: {exc}") from None
+
+
 def dns_lookup(server: str, port: int, *, timeout: float = 2.0) -> Lookup:
-    """A lookup of A records at ``server:port`` over UDP."""
+    """A lookup of A records at ``server:port`` over UDP (``server`` an IP address)."""
 
     def lookup(name: str) -> Answer:
         query = dns.message.make_query(name, "A")

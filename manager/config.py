@@ -20,6 +20,7 @@ from dnslb.plan import STATIC_TYPES
 from dnslb.policy import PoolPolicy
 from dnslb.scaling import ScalingPolicy
 from manager.clusters import ClusterNode, ClusterSettings
+from manager.providers.docker import DockerProviderConfig
 from manager.providers.ec2 import Ec2ProviderConfig
 from manager.providers.local import LocalProviderConfig
 from manager.providers.memory import MemoryProviderConfig
@@ -354,6 +355,7 @@ ProviderConfig = (
     StaticProviderConfig
     | MemoryProviderConfig
     | LocalProviderConfig
+    | DockerProviderConfig
     | Ec2ProviderConfig
     | OpenStackProviderConfig
 )
@@ -372,7 +374,8 @@ class PoolConfig:
         None, help="active health check, run centrally by the manager"
     )
     provider: ProviderConfig | None = setting(
-        None, help="launches and terminates servers (local, ec2, openstack); none: members only"
+        None,
+        help="launches and terminates servers (local, docker, ec2, openstack); none: members only",
     )
     scaling: ScalingPolicy | None = setting(
         None, help="autoscaling; needs a provider that launches servers"

@@ -13,7 +13,7 @@ import pytest
 from dnslb.config import parse_config
 from dnslb.policy import PoolPolicy
 from loadtest.experiments import CASES, NEVER, ExperimentPlan, plain
-from loadtest.resolver import Answer, CachingResolver, LookupFailed, choose
+from loadtest.resolver import Answer, CachingResolver, LookupFailed, choose, server_address
 from loadtest.run import LoadTest
 from loadtest.shape import StepLoad
 
@@ -144,6 +144,18 @@ def test_the_experiments_step_load_fills_the_case() -> None:
     plan = ExperimentPlan(out=Path("/tmp/x"), case_duration=240, peak_users=105)
     load = plan.load
     assert load.duration == 240 and load.peak == 105 and load.every == 30
+
+
+@pytest.mark.parametrize(
+    ("server", "address"),
+    [
+        pytest.param("127.0.0.1", "127.0.0.1", id="ipv4"),
+        pytest.param("[::1]", "::1", id="ipv6-bracketed"),
+        pytest.param("localhost", "127.0.0.1", id="name"),  # the compose lab's "dns"
+    ],
+)
+def test_the_dns_server_may_be_named(server: str, address: str) -> None:
+    assert server_address(server) == address
 
 
 def test_results_print_as_one_table_in_the_cases_order(tmp_path: Path) -> None:
