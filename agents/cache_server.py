@@ -69,7 +69,7 @@ async def serve(settings: NginxSettings, workdir: Path, agent_config: AgentConfi
         log.info("stopped by %s after %d reports", received[0], agent.seq - agent.first_seq)
         return 0
     if watching in done:
-        print(f"nginx exited; its log ends:\n{nginx.log_tail()}", file=sys.stderr, flush=True)
+        log.error("nginx exited; its log ends:\n%s", nginx.log_tail())
     else:
         log.error("the agent stopped: %r", reporting.exception())
     return 1
