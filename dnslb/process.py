@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -193,3 +194,21 @@ def _ancestors() -> set[int]:
             break
         pid = int(stat.rpartition(")")[2].split()[1])
     return found
+
+
+def port_free(address: str, port: int, kind: str = "tcp") -> bool:
+    """True when a program we start could bind ``address:port`` (``kind`` "tcp" or "udp").
+
+    TCP is probed with ``SO_REUSEADDR``, as servers bind, so that connections of an earlier run
+    still in TIME_WAIT do not count as the port being in use.
+    """
+    with socket.socket(
+        socket.AF_INET, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM
+    ) as probe:
+        if kind == "tcp":
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True

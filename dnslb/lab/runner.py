@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +45,7 @@ from dnslb.policy import PoolPolicy
 from dnslb.process import (
     kill_processes_mentioning,
     log_tail,
+    port_free,
     processes_mentioning,
     stop_group,
 )
@@ -204,14 +204,14 @@ class Lab:
             ("--api-port", settings.api_port, ("tcp",)),
             ("--origin-port", settings.origin_port, ("tcp",)),
         ):
-            busy = [kind for kind in kinds if not _port_free("127.0.0.1", port, kind)]
+            busy = [kind for kind in kinds if not port_free("127.0.0.1", port, kind)]
             if busy:
                 problems.append(
                     f"{option} {port}: 127.0.0.1:{port} is in use ({'/'.join(busy)}); "
                     f"choose another port with {option}"
                 )
         first = f"{settings.network}.1"
-        if not _port_free(first, settings.http_port, "tcp"):
+        if not port_free(first, settings.http_port, "tcp"):
             problems.append(
                 f"--http-port {settings.http_port}: {first}:{settings.http_port} is in use "
                 "(another lab's cache server?); choose another --http-port or --network"
@@ -471,18 +471,6 @@ def _lab_pid(workdir: Path) -> int | None:
         return int(json.loads((workdir / LAB_FILE).read_text())["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _port_free(address: str, port: int, kind: str) -> bool:
-    family_type = socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM
-    with socket.socket(socket.AF_INET, family_type) as probe:
-        if kind == "tcp":
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((address, port))
-        except OSError:
-            return False
-    return True
 
 
 def _wait_http(

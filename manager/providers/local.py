@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import urllib.parse
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from dnslb.agent_config import AgentConfig, NginxSourceConfig, agent_command
 from dnslb.config import dump_config, resolve_secret, setting
 from dnslb.errors import DnslbError
 from dnslb.nginx import NginxServer, NginxSettings
-from dnslb.process import process_runs, stop_pgid
+from dnslb.process import port_free, process_runs, stop_pgid
 from dnslb.tokens import token_hash
 from manager.providers.base import (
     Instance,
@@ -253,7 +252,7 @@ class LocalProvider(Provider):
                     used.add(record.address)
         for host in range(1, 255):
             address = f"{self.config.network}.{host}"
-            if address not in used and _port_free(address, self.config.port):
+            if address not in used and port_free(address, self.config.port):
                 return address
         raise ProviderError(f"no free address left in {self.config.network}.1-254")
 
@@ -329,14 +328,3 @@ def _with(record: _Record, **changes: Any) -> _Record:
     values = {key: getattr(record, key) for key in record.__dataclass_fields__}
     values.update(changes)
     return _Record(**values)
-
-
-def _port_free(address: str, port: int) -> bool:
-    """True when nothing listens on ``address:port`` (so nginx can bind it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((address, port))
-        except OSError:
-            return False
-    return True
