@@ -46,7 +46,10 @@ def _options(parser: Any) -> None:
     group.add_argument("--objects", type=int, default=100, help="objects /objects/0..N-1")
     group.add_argument("--think-time", type=float, default=1.0, help="mean think time, seconds")
     group.add_argument(
-        "--ignore-ttl", type=float, default=0.0, help="fraction of users ignoring TTLs (0..1)"
+        "--ignore-ttl",
+        type=float,
+        default=0.1,
+        help="fraction of users ignoring TTLs, as some real clients do (0..1; 0.1)",
     )
     group.add_argument(
         "--ignore-ttl-hold",
