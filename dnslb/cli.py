@@ -18,6 +18,7 @@ from dnslb import __version__
 from dnslb.errors import DnslbError
 
 if TYPE_CHECKING:
+    from dnslb.fuzzing import Harness
     from manager.service import Manager
 
 Handler = Callable[[argparse.Namespace], int]
@@ -374,6 +375,68 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed of the users' random choices")
 
 
+FUZZ_HARNESSES = {
+    "plan": "dnslb.fuzz_plan:PlanHarness",
+    "pipe-protocol": "pipe_backend.fuzz_protocol:ProtocolHarness",
+    "reports": "manager.fuzz_reports:ReportHarness",
+    "resp": "dnslb.fuzz_resp:RespHarness",
+    "heartbeats": "manager.fuzz_heartbeats:HeartbeatHarness",
+    "tables": "agents.fuzz_tables:TableHarness",
+}
+"""Every fuzz harness by name, as ``module:class`` (each lives beside the code it guards)."""
+
+
+def fuzz_harness(name: str) -> Harness:
+    """A new instance of the harness called ``name``."""
+    import importlib  # noqa: PLC0415
+
+    module, _, attribute = FUZZ_HARNESSES[name].partition(":")
+    harness: Harness = getattr(importlib.import_module(module), attribute)()
+    return harness
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    import random  # noqa: PLC0415
+
+    from dnslb.fuzzing import run  # noqa: PLC0415
+
+    if args.list:
+        for name in FUZZ_HARNESSES:
+            harness = fuzz_harness(name)
+            print(f"{name:15} {harness.boundary}")
+        return 0
+    unknown = [name for name in args.harnesses if name not in FUZZ_HARNESSES]
+    if unknown:
+        print(f"dnslb fuzz: unknown harness {', '.join(unknown)}; see --list", file=sys.stderr)
+        return 2
+    names = args.harnesses or list(FUZZ_HARNESSES)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    seconds = args.seconds
+    if args.inputs is None and seconds is None:
+        seconds = 60.0
+    status = 0
+    for name in names:
+        result = run(
+            fuzz_harness(name),
+            seed=seed,
+            inputs=args.inputs,
+            seconds=seconds,
+            start=args.start,
+            progress=lambda partial: print(partial.summary(), file=sys.stderr, flush=True),
+        )
+        print(result.summary(), flush=True)
+        for failure in result.failures[:5]:
+            print(
+                f"  {failure.kind} at input {failure.index} (again: dnslb fuzz {name} "
+                f"--seed {seed} --start {failure.index} --inputs 1):\n"
+                + "\n".join(f"    {line}" for line in failure.detail.splitlines()[-12:]),
+                flush=True,
+            )
+        if not result.ok:
+            status = 1
+    return status
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dnslb", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dnslb {__version__}")
@@ -582,6 +645,22 @@ def build_parser() -> argparse.ArgumentParser:
         "below the manager's failover_after) (default %(default)s)",
     )
     node.set_defaults(handler=_node_agent)
+
+    fuzz = commands.add_parser(
+        "fuzz",
+        help="throw hostile inputs at the trust boundaries (plans, reports, protocol lines...)",
+        description="Run fuzz harnesses: each builds hostile inputs from a seed, feeds them to "
+        "the real code and checks the outcome. Without --seed a random one is drawn (printed); "
+        "without --inputs each harness runs --seconds (default 60). Exit status 1 when any "
+        "input crashed, hung or gave a malformed result.",
+    )
+    fuzz.add_argument("harnesses", nargs="*", metavar="NAME", help="harnesses (default: all)")
+    fuzz.add_argument("--list", action="store_true", help="list the harnesses and exit")
+    fuzz.add_argument("--seed", type=int, help="run seed (default: random, printed)")
+    fuzz.add_argument("--inputs", type=int, help="inputs per harness")
+    fuzz.add_argument("--seconds", type=float, help="seconds per harness")
+    fuzz.add_argument("--start", type=int, default=0, help="index of the first input (replay)")
+    fuzz.set_defaults(handler=_fuzz)
 
     sim = commands.add_parser(
         "sim", help="simulate scenarios with the product's policy (e.g. --suite paper)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 MAX_NAME_LENGTH = 253
 
 
@@ -32,7 +32,7 @@ def name_problem(name: str, *, wildcard: bool = False) -> str | None:
     for index, label in enumerate(labels):
         if label == "*" and wildcard and index == 0:
             continue
-        if not _LABEL.match(label):
+        if not _LABEL.fullmatch(label):
             return f"label {label!r} is not a valid DNS label"
     return None
 

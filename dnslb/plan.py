@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,6 +31,46 @@ FORMAT = 1
 MAX_TTL = 2**31 - 1
 _E = TypeVar("_E", bound=StrEnum)
 MAX_K = 64
+MAX_WEIGHT = 1e9
+"""Largest member weight: the manager's weights are at most a server's max concurrency."""
+MAX_UTILIZATION = 1e9
+"""Largest utilization a plan may carry (in progress over max concurrency may exceed 1; a
+report's counts are at most 10^9)."""
+MAX_TIME = 1e11
+"""Latest ``generated_at`` (unix seconds, about the year 5100) and longest ``stale_after``."""
+MAX_ID_LENGTH = 128
+MAX_TEXT_LENGTH = 4096
+"""Longest text field (a static record's content); names are limited by DNS itself."""
+
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = 60
+_SHOW.maxother = 60
+_SHOW.maxlevel = 3
+
+
+def show(value: object) -> str:
+    """A short, safe ``repr`` of a value from a document, for messages: bounded in length and
+    depth (a deeply nested list must not raise RecursionError while its error is worded)."""
+    return _SHOW.repr(value)
+
+
+def text_problem(text: str, *, ascii_only: bool = False) -> str | None:
+    """Why ``text`` may not be carried as a plan's text (an id, a record's content), or None.
+
+    Control characters (tab and newline split the pipe protocol's lines), lone surrogates (not
+    UTF-8) and, with ``ascii_only``, anything outside printable ASCII are refused.
+    """
+    if not text:
+        return "must not be empty"
+    for char in text:
+        code = ord(char)
+        if code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code < 0xE000:
+            return f"holds the control or surrogate character {char!r}"
+        if ascii_only and code > 0x7E:
+            return f"holds the non-ASCII character {char!r} (use \\DDD escapes)"
+        if code in (0x2028, 0x2029):
+            return f"holds the line separator {char!r}"
+    return None
 
 
 class MemberState(StrEnum):
@@ -169,7 +210,7 @@ class _Reader:
             return None
         for key in value:
             if key not in required and key not in optional:
-                self.fail(_join(path, str(key)), "unknown field")
+                self.fail(_join(path, _key(key)), "unknown field")
         for key in required:
             if key not in value:
                 self.fail(_join(path, key), "missing")
@@ -180,27 +221,35 @@ class _Reader:
             self.fail(path, f"must be an integer, not {_kind(value)}")
             return None
         if not low <= value <= high:
-            self.fail(path, f"must be between {low} and {high}, not {value}")
+            self.fail(path, f"must be between {low} and {high}, not {show(value)}")
             return None
         return value
 
-    def number(self, value: object, path: str, low: float, high: float = math.inf) -> float | None:
+    def number(self, value: object, path: str, low: float, high: float) -> float | None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.fail(path, f"must be a number, not {_kind(value)}")
             return None
-        number = float(value)
+        if isinstance(value, int) and not -(2**63) <= value <= 2**63:
+            number = math.inf  # float() of a huge integer raises OverflowError
+        else:
+            number = float(value)
         if not math.isfinite(number) or not low <= number <= high:
-            bound = f"at least {low}" if high == math.inf else f"between {low} and {high}"
-            self.fail(path, f"must be {bound}, not {value}")
+            self.fail(path, f"must be between {low:g} and {high:g}, not {show(value)}")
             return None
         return number
 
-    def text(self, value: object, path: str) -> str | None:
+    def text(
+        self, value: object, path: str, *, limit: int = MAX_TEXT_LENGTH, ascii_only: bool = False
+    ) -> str | None:
         if not isinstance(value, str):
             self.fail(path, f"must be a string, not {_kind(value)}")
             return None
-        if not value or any(c in value for c in "\t\n\r\0"):
-            self.fail(path, "must be non-empty and hold no tab, newline or NUL")
+        if len(value) > limit:
+            self.fail(path, f"must be at most {limit} characters, not {len(value)}")
+            return None
+        problem = text_problem(value, ascii_only=ascii_only)
+        if problem:
+            self.fail(path, problem)
             return None
         return value
 
@@ -211,7 +260,7 @@ class _Reader:
         name = normalize(text)
         problem = name_problem(name, wildcard=wildcard)
         if problem:
-            self.fail(path, f"{text!r} is not a valid DNS name: {problem}")
+            self.fail(path, f"{show(text)} is not a valid DNS name: {problem}")
             return None
         return name
 
@@ -222,7 +271,7 @@ class _Reader:
             except ValueError:
                 pass
         allowed = ", ".join(member.value for member in enum)
-        self.fail(path, f"must be one of {allowed}, not {value!r}")
+        self.fail(path, f"must be one of {allowed}, not {show(value)}")
         return None
 
     def items(self, value: object, path: str) -> list[Any]:
@@ -230,6 +279,12 @@ class _Reader:
             self.fail(path, f"must be a list, not {_kind(value)}")
             return []
         return value
+
+
+def _key(key: object) -> str:
+    """A document's key as it may appear in a path: escaped and shortened like :func:`show`."""
+    text = show(str(key))
+    return text[1:-1] if text[:1] in "'\"" and text[-1:] == text[:1] else text
 
 
 def _join(path: str, key: str) -> str:
@@ -259,14 +314,14 @@ def parse_plan(document: object) -> Plan:
     if top is None:
         raise PlanError("invalid plan", reader.problems)
     if "format" in top and top["format"] != FORMAT:
-        reader.fail("format", f"this dnslb reads plan format {FORMAT}, not {top['format']!r}")
+        reader.fail("format", f"this dnslb reads plan format {FORMAT}, not {show(top['format'])}")
     version = reader.integer(top.get("version"), "version", 0, 2**63 - 1) if "version" in top else 0
     generated_at = None
     if top.get("generated_at") is not None:
-        generated_at = reader.number(top["generated_at"], "generated_at", 0.0)
+        generated_at = reader.number(top["generated_at"], "generated_at", 0.0, MAX_TIME)
     stale_after = None
     if top.get("stale_after") is not None:
-        stale_after = reader.number(top["stale_after"], "stale_after", 0.001)
+        stale_after = reader.number(top["stale_after"], "stale_after", 0.001, MAX_TIME)
 
     zone_items = reader.items(top["zones"], "zones") if "zones" in top else []
     if top.get("zones") == []:
@@ -345,9 +400,26 @@ def _parse_zone(reader: _Reader, item: object, path: str, version: int) -> Zone 
         if name and not is_within(record.name, name):
             reader.fail(f"{path}.records[{index}].name", f"{record.name!r} is not inside {name!r}")
         records.append(record)
+    _check_cnames(reader, name, records, path)
     if len(reader.problems) > before or name is None or soa is None or ns_ttl is None:
         return None
     return Zone(name=name, soa=soa, ns=ns, ns_ttl=ns_ttl, records=tuple(records))
+
+
+def _check_cnames(reader: _Reader, zone: str | None, records: list[Record], path: str) -> None:
+    """A CNAME is alone at its name (RFC 1034 3.6.2) and never at the apex (SOA and NS are)."""
+    types: dict[str, list[str]] = {}
+    for record in records:
+        types.setdefault(record.name, []).append(record.type)
+    for index, record in enumerate(records):
+        if record.type != "CNAME":
+            continue
+        where = f"{path}.records[{index}]"
+        if record.name == zone:
+            reader.fail(where, f"a CNAME cannot be at the zone's apex {record.name!r}")
+        elif len(types[record.name]) > 1:
+            others = ", ".join(sorted(set(types[record.name])))
+            reader.fail(where, f"a CNAME must be alone at {record.name!r}, which has {others}")
 
 
 def _parse_soa(
@@ -387,10 +459,10 @@ def _parse_record(reader: _Reader, item: object, path: str) -> Record | None:
     name = reader.name(raw.get("name"), f"{path}.name", wildcard=True)
     rtype = raw.get("type")
     if rtype not in STATIC_TYPES:
-        reader.fail(f"{path}.type", f"must be one of {', '.join(STATIC_TYPES)}, not {rtype!r}")
+        reader.fail(f"{path}.type", f"must be one of {', '.join(STATIC_TYPES)}, not {show(rtype)}")
         return None
     ttl = reader.integer(raw.get("ttl", 3600), f"{path}.ttl", 0, MAX_TTL)
-    content = reader.text(raw.get("content"), f"{path}.content")
+    content = reader.text(raw.get("content"), f"{path}.content", ascii_only=True)
     if content is not None:
         content = _check_content(reader, rtype, content, f"{path}.content")
     if name is None or ttl is None or content is None:
@@ -405,31 +477,41 @@ def _check_content(reader: _Reader, rtype: str, content: str, path: str) -> str 
         address = _address(content.strip())
         if address is None or (":" in address) != (rtype == "AAAA"):
             reader.fail(
-                path, f"{content!r} is not an {'IPv6' if rtype == 'AAAA' else 'IPv4'} address"
+                path, f"{show(content)} is not an {'IPv6' if rtype == 'AAAA' else 'IPv4'} address"
             )
             return None
         return address
     if rtype in ("CNAME", "NS", "PTR"):
         return reader.name(content, path)
     if rtype == "MX":
-        if len(fields) != 2 or not fields[0].isdigit():
-            reader.fail(path, f"MX content must be 'preference exchange', not {content!r}")
+        if len(fields) != 2 or not _uint16(fields[0]):
+            reader.fail(path, f"MX content must be 'preference exchange', not {show(content)}")
             return None
         exchange = reader.name(fields[1], path)
         return None if exchange is None else f"{int(fields[0])} {exchange}"
     if rtype == "SRV":
-        if len(fields) != 4 or not all(part.isdigit() for part in fields[:3]):
-            reader.fail(path, f"SRV content must be 'priority weight port target', not {content!r}")
+        if len(fields) != 4 or not all(_uint16(part) for part in fields[:3]):
+            reader.fail(
+                path, f"SRV content must be 'priority weight port target', not {show(content)}"
+            )
             return None
         target = reader.name(fields[3], path)
         return None if target is None else " ".join([*fields[:3], target])
-    if rtype == "CAA" and (len(fields) < 3 or not fields[0].isdigit()):
-        reader.fail(path, f"CAA content must be 'flags tag value', not {content!r}")
+    if rtype == "CAA" and (len(fields) < 3 or not _uint16(fields[0]) or int(fields[0]) > 255):
+        reader.fail(path, f"CAA content must be 'flags tag value', not {show(content)}")
         return None
     return content
 
 
+def _uint16(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) <= 65535
+
+
 def _address(text: str) -> str | None:
+    """The normal text form of an IP address, or None. A scoped IPv6 address (``fe80::1%eth0``)
+    is refused: a DNS answer cannot carry the scope, and the scope is free text."""
+    if "%" in text or not text.isascii():
+        return None
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
@@ -473,16 +555,18 @@ def _parse_member(reader: _Reader, item: object, path: str) -> Member | None:
     if raw is None:
         return None
     before = len(reader.problems)
-    member_id = reader.text(raw.get("id"), f"{path}.id")
+    member_id = reader.text(raw.get("id"), f"{path}.id", limit=MAX_ID_LENGTH)
     address = None
     if "address" in raw:
         address = _address(raw["address"]) if isinstance(raw["address"], str) else None
         if address is None:
-            reader.fail(f"{path}.address", "not an IP address")
-    weight = reader.number(raw.get("weight", 1.0), f"{path}.weight", 0.0)
+            reader.fail(f"{path}.address", "not an IP address (IPv6 without a %scope)")
+    weight = reader.number(raw.get("weight", 1.0), f"{path}.weight", 0.0, MAX_WEIGHT)
     ttl = reader.integer(raw.get("ttl", 60), f"{path}.ttl", 0, MAX_TTL)
     state = reader.choice(raw.get("state", MemberState.ACTIVE.value), f"{path}.state", MemberState)
-    utilization = reader.number(raw.get("utilization", 0.0), f"{path}.utilization", 0.0)
+    utilization = reader.number(
+        raw.get("utilization", 0.0), f"{path}.utilization", 0.0, MAX_UTILIZATION
+    )
     if len(reader.problems) > before or member_id is None or address is None or weight is None:
         return None
     if ttl is None or state is None or utilization is None:
@@ -495,6 +579,40 @@ def _parse_member(reader: _Reader, item: object, path: str) -> Member | None:
         state=state,
         utilization=utilization,
     )
+
+
+def address_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a member's address in a plan, or None when it can."""
+    return None if _address(text) is not None else f"{show(text)} is not an IP address"
+
+
+def member_problems(member: Member) -> list[str]:
+    """Every reason a pipe backend's parser would refuse ``member`` (none: it would accept it),
+    by the parser's own rules; the manager checks each member of a plan it builds so that one
+    bad server leaves only itself out."""
+    reader = _Reader()
+    _parse_member(reader, _member_to_dict(member), "member")
+    return reader.problems
+
+
+def normal_address(text: str) -> str:
+    """The text form of an IP address a plan carries (``2001:DB8::1`` -> ``2001:db8::1``);
+    raises ``ValueError`` for what :func:`address_problem` refuses."""
+    address = _address(text)
+    if address is None:
+        raise ValueError(f"{show(text)} is not an IP address")
+    return address
+
+
+def _member_to_dict(member: Member) -> dict[str, Any]:
+    return {
+        "id": member.id,
+        "address": member.address,
+        "weight": member.weight,
+        "ttl": member.ttl,
+        "state": member.state,
+        "utilization": member.utilization,
+    }
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -532,17 +650,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "k": pool.k,
                 "ttl_floor": pool.ttl_floor,
                 "fallback": pool.fallback,  # a StrEnum is a str: JSON writes its value
-                "members": [
-                    {
-                        "id": m.id,
-                        "address": m.address,
-                        "weight": m.weight,
-                        "ttl": m.ttl,
-                        "state": m.state,
-                        "utilization": m.utilization,
-                    }
-                    for m in pool.members
-                ],
+                "members": [_member_to_dict(member) for member in pool.members],
             }
             for pool in plan.pools
         ],
@@ -560,6 +668,8 @@ def parse_plan_json(text: str | bytes) -> Plan:
         document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and duplicate keys
         raise PlanError("invalid plan", [f"not valid JSON: {exc}"]) from None
+    except RecursionError:
+        raise PlanError("invalid plan", ["not valid JSON: nested too deeply"]) from None
     return parse_plan(document)
 
 
@@ -567,7 +677,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(f"duplicate key {show(key)}")
         result[key] = value
     return result
 
@@ -582,6 +692,9 @@ __all__ = [
     "Record",
     "Soa",
     "Zone",
+    "address_problem",
+    "member_problems",
+    "normal_address",
     "parse_plan",
     "parse_plan_json",
     "plan_to_dict",

@@ -24,8 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dnslb.errors import ProtocolError
+from dnslb.plan import MAX_TIME, show, text_problem
 
 MAX_ID_LENGTH = 128
+MAX_SEQ = 2**63 - 1
+MAX_COUNT = 10**9
+"""Largest ``in_progress`` and ``max_concurrency``: a billion requests at once is no server's."""
+MAX_SERVED = 2**63 - 1
+MAX_ERROR_LENGTH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +87,12 @@ def parse_report(body: object) -> Report:
     problems = [f"{key}: unknown field" for key in body if key not in _FIELDS]
     problems += [f"{key}: missing" for key in _REQUIRED if key not in body]
 
-    def integer(key: str, low: int, *, nullable: bool = False) -> int | None:
+    def integer(key: str, low: int, high: int, *, nullable: bool = False) -> int | None:
         value = body.get(key)
         if value is None and nullable:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{key}: must be an integer >= {low}, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            problems.append(f"{key}: must be an integer from {low} to {high}, not {show(value)}")
             return None
         return value
 
@@ -95,29 +101,36 @@ def parse_report(body: object) -> Report:
         if value is None:
             return None
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok or not math.isfinite(value) or not 0 <= value <= 1:
-            problems.append(f"{key}: must be a number from 0 to 1, not {value!r}")
+        if not ok or not _finite(value) or not 0 <= value <= 1:
+            problems.append(f"{key}: must be a number from 0 to 1, not {show(value)}")
             return None
         return float(value)
 
     server_id = body.get("server_id")
-    if not isinstance(server_id, str) or not 0 < len(server_id) <= MAX_ID_LENGTH:
-        problems.append(f"server_id: must be a string of 1 to {MAX_ID_LENGTH} characters")
+    if id_problem(server_id):
+        problems.append(f"server_id: {id_problem(server_id)}")
         server_id = None
-    seq = integer("seq", 0)
+    seq = integer("seq", 0, MAX_SEQ)
     when = body.get("time")
-    if isinstance(when, bool) or not isinstance(when, int | float) or not math.isfinite(when):
-        problems.append(f"time: must be unix seconds, not {when!r}")
+    if (
+        isinstance(when, bool)
+        or not isinstance(when, int | float)
+        or not _finite(when)
+        or not 0 <= when <= MAX_TIME
+    ):
+        problems.append(f"time: must be unix seconds, not {show(when)}")
         when = None
-    in_progress = integer("in_progress", 0, nullable=True)
-    max_concurrency = integer("max_concurrency", 1, nullable=True)
-    served_total = integer("served_total", 0, nullable=True)
+    in_progress = integer("in_progress", 0, MAX_COUNT, nullable=True)
+    max_concurrency = integer("max_concurrency", 1, MAX_COUNT, nullable=True)
+    served_total = integer("served_total", 0, MAX_SERVED, nullable=True)
     cpu = fraction("cpu")
     mem = fraction("mem")
     error = body.get("error")
     if error is not None and not isinstance(error, str):
-        problems.append(f"error: must be a string or null, not {error!r}")
+        problems.append(f"error: must be a string or null, not {show(error)}")
         error = None
+    elif error is not None:
+        error = _printable(error[:MAX_ERROR_LENGTH])
     if "in_progress" in body and body.get("in_progress") is None and not error:
         problems.append("in_progress: null only with an error saying why")
     if in_progress is not None and max_concurrency is None and "max_concurrency" in body:
@@ -134,7 +147,7 @@ def parse_report(body: object) -> Report:
         cpu=cpu,
         mem=mem,
         served_total=served_total,
-        error=error[:500] if error else None,
+        error=error or None,
         table=table,
     )
 
@@ -146,10 +159,38 @@ def _parse_table(value: object, problems: list[str]) -> TableHeld | None:
         problems.append("table: must be {cluster, version}")
         return None
     cluster, version = value["cluster"], value["version"]
-    if not isinstance(cluster, str) or isinstance(version, bool) or not isinstance(version, int):
-        problems.append("table: cluster must be a string and version an integer")
+    if id_problem(cluster) or isinstance(version, bool) or not isinstance(version, int):
+        problems.append("table: cluster must be an id and version an integer")
+        return None
+    if not 0 <= version <= MAX_SEQ:
+        problems.append(f"table: version must be from 0 to {MAX_SEQ}, not {show(version)}")
         return None
     return TableHeld(cluster=cluster, version=version)
+
+
+def id_problem(value: object) -> str | None:
+    """Why ``value`` is not a server, node or cluster id, or None when it is one: a string of 1
+    to 128 characters without control characters, line separators or lone surrogates (ids go
+    into plans, logs, metrics labels and nftables comments)."""
+    if not isinstance(value, str):
+        return f"must be a string, not {show(value)}"
+    if len(value) > MAX_ID_LENGTH:
+        return f"must be at most {MAX_ID_LENGTH} characters"
+    return text_problem(value)
+
+
+def _finite(value: int | float) -> bool:
+    if isinstance(value, int):
+        return -(2**63) <= value <= 2**63  # float() of a huge integer overflows
+    return math.isfinite(value)
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters and lone surrogates replaced (an agent's error message
+    goes to logs, events and a UTF-8 database)."""
+    if text_problem(text) is None:
+        return text
+    return "".join("\ufffd" if text_problem(char) else char for char in text)
 
 
 def report_to_dict(report: Report) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """Which addresses a load-balanced name answers with: weighted round-robin over k distinct members.
 
 All of the work is done once per plan, not per query. A pool's active members get integer shares
-of a cycle (:func:`quantize`), the cycle spreads each member's slots evenly (:func:`interleave`,
-WF2Q: any stretch of the cycle holds each member within two slots of its share), and every
-position of the cycle gets its answer: the first ``k`` distinct members met from there on
-(:func:`windows`). A query then only takes the next precomputed answer. The first address of the
-answers follows the weights exactly over a cycle; appearances follow them as far as ``k`` distinct
-addresses per answer allows (a member can appear at most once per answer).
+of a cycle (:func:`quantize`), and every position of the cycle gets its answer of ``k`` distinct
+members (:func:`cycle_answers`). Over a cycle, each member comes first in exactly its share of
+the answers, and appears in exactly its share of ``k`` addresses per answer (as far as ``k``
+distinct addresses allow: a member can be at most in every answer, and its excess goes to the
+others in proportion, :func:`appearance_targets`). Both are spread evenly over the cycle. A query
+then only takes the next precomputed answer.
 
 :func:`rotation` walks the cycle; each lap starts at a random offset, so that separate processes
 (pdns runs one pipe backend per thread) do not move in lockstep and a caller that consumes every
@@ -17,6 +17,7 @@ The pipe backend and the simulator both answer through :func:`pool_answers`.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 import random
@@ -36,63 +37,219 @@ _T = TypeVar("_T")
 def quantize(weights: Sequence[float], resolution: int = DEFAULT_RESOLUTION) -> list[int]:
     """Integer slot counts proportional to ``weights`` (about ``resolution`` in all).
 
-    Every positive weight gets at least one slot; zero weights get none. The counts are divided
-    by their greatest common divisor, so equal weights give one slot each.
+    Every positive weight gets at least one slot; zero, negative and non-finite weights get
+    none. The counts are divided by their greatest common divisor, so equal weights give one
+    slot each. Weights are scaled by the largest first, so no sum of them can overflow.
     """
-    total = sum(weights)
-    if total <= 0:
+    usable = [weight if math.isfinite(weight) and weight > 0 else 0.0 for weight in weights]
+    top = max(usable, default=0.0)
+    if top <= 0:
         return [0] * len(weights)
-    counts = [
-        0 if weight <= 0 else max(1, round(weight * resolution / total)) for weight in weights
-    ]
+    scaled = [weight / top for weight in usable]
+    total = sum(scaled)  # at most len(weights): finite
+    counts = [0 if weight <= 0 else max(1, round(weight * resolution / total)) for weight in scaled]
     divisor = math.gcd(*counts)
     return [count // divisor for count in counts]
 
 
-def interleave(counts: Sequence[int]) -> list[int]:
-    """A cycle in which index ``i`` appears ``counts[i]`` times, each index evenly spread.
-
-    Worst-case fair weighted fair queueing (WF2Q): slot ``j`` of index ``i`` may start at virtual
-    time ``j / counts[i]`` and finishes at ``(j + 1) / counts[i]``; each step serves, among the
-    slots that may start, the one finishing first (ties to the lower index). Every prefix of the
-    cycle then holds each index within one slot of its exact share, so every stretch of it
-    holds each index within two. ``O(L log n)`` for a cycle of ``L`` slots over ``n`` indices.
-    Equal counts give plain round-robin ``0, 1, 2, ...``.
+def _capped(counts: Sequence[int], k: int) -> tuple[int, list[int], list[int], int, int]:
+    """``(width, capped, free, slots, weight)``: answers have ``width`` indices; ``capped`` ones
+    are in every answer; ``free`` ones share ``slots`` appearances by count (``weight`` in all).
     """
     length = sum(counts)
-    waiting = [(0.0, index) for index, count in enumerate(counts) if count > 0]
-    heapq.heapify(waiting)
-    ready: list[tuple[float, int]] = []
-    served = [0] * len(counts)
-    cycle: list[int] = []
-    for step in range(length):
-        now = step / length + 1e-12
-        while waiting and waiting[0][0] <= now:
-            _, index = heapq.heappop(waiting)
-            heapq.heappush(ready, ((served[index] + 1) / counts[index], index))
-        _, index = heapq.heappop(ready)
-        cycle.append(index)
-        served[index] += 1
-        if served[index] < counts[index]:
-            heapq.heappush(waiting, (served[index] / counts[index], index))
-    return cycle
+    active = [index for index, count in enumerate(counts) if count > 0]
+    width = min(k, len(active))
+    capped: list[int] = []
+    while True:
+        free = [index for index in active if index not in capped]
+        slots = (width - len(capped)) * length
+        weight = sum(counts[index] for index in free)
+        over = [index for index in free if counts[index] * slots >= length * weight]
+        if not over:
+            return width, capped, free, slots, weight
+        capped += over
 
 
-def windows(cycle: Sequence[int], k: int) -> list[tuple[int, ...]]:
-    """For every position of ``cycle``, the first ``k`` distinct indices from there on (wrapping).
+def appearance_targets(counts: Sequence[int], k: int) -> list[int]:
+    """How many positions of a cycle of ``sum(counts)`` positions each index should appear in.
 
-    Runs backwards over two laps: the answer at a position is its own index followed by the answer
-    of the next position without that index. ``O(len(cycle) * k)``.
+    Each position holds ``min(k, indices with a count)`` distinct indices, so the targets add
+    up to that many per position. They are proportional to ``counts`` except that no index can
+    be in more than every position: such indices are capped and their excess is shared among
+    the others in proportion (largest remainders, ties to the lower index).
     """
-    length = len(cycle)
-    result: list[tuple[int, ...]] = [()] * length
-    current: tuple[int, ...] = ()
-    for position in range(2 * length - 1, -1, -1):
-        index = cycle[position % length]
-        current = (index, *(other for other in current if other != index))[:k]
-        if position < length:
-            result[position] = current
-    return result
+    length = sum(counts)
+    _, capped, free, slots, weight = _capped(counts, k)
+    targets = [0] * len(counts)
+    for index in capped:
+        targets[index] = length
+    for index in free:
+        targets[index] = counts[index] * slots // weight
+    extra = slots - sum(targets[index] for index in free)
+    by_remainder = sorted(free, key=lambda index: (-(counts[index] * slots % weight), index))
+    for index in by_remainder[:extra]:
+        targets[index] += 1
+    return targets
+
+
+MAX_CYCLE = 4 * DEFAULT_RESOLUTION
+"""Longest cycle :func:`cycle_answers` lengthens a short one to, so that appearance shares that
+do not divide it evenly come out exact (or within ``1 / MAX_CYCLE``)."""
+
+
+def cycle_scale(counts: Sequence[int], k: int, max_length: int = MAX_CYCLE) -> int:
+    """The factor to repeat ``counts`` by so that :func:`appearance_targets` are exact shares.
+
+    Appearance shares are fractions with the free indices' total count as denominator; a cycle
+    of ``sum(counts)`` positions may not hold them exactly (weights 4:3:2:1:1:1 with ``k = 4``
+    ask for 0.8 of the answers for the third: 9.6 of 12). The factor is the smallest that makes
+    every share whole, capped so the cycle stays within ``max_length`` (never below 1).
+    """
+    length = sum(counts)
+    _, _, free, slots, weight = _capped(counts, k)
+    if not free:
+        return 1  # every index in every answer: nothing to round
+    common = math.gcd(*(counts[index] for index in free))
+    needed = weight // math.gcd(weight, slots * common)
+    return max(1, min(needed, max_length // length))
+
+
+def cycle_answers(counts: Sequence[int], k: int) -> list[tuple[int, ...]]:
+    """The answers of a cycle of ``sum(counts)`` positions: at each, ``min(k, n)`` distinct
+    indices (``n`` indices with a count), the first one listed first.
+
+    Over the cycle, index ``i`` comes first in exactly ``counts[i]`` answers and appears in
+    exactly :func:`appearance_targets` of them: both follow the weights, as far as ``k``
+    distinct indices per answer allows. Both are spread evenly: which indices appear is
+    scheduled like WF2Q on ``width`` servers (an index's ``j``-th appearance may start at
+    virtual time ``j / target`` of the cycle and should finish by ``(j + 1) / target``; each
+    position serves the ``width`` earliest finishing, one appearance per index), with any index
+    that needs every remaining position taken first, which makes the counts exact. The first
+    of each answer is chosen the same way over ``counts``, and the others follow in the order
+    they come first next (equal weights give plain rotation); the rare answer where that greedy
+    choice misses is put right by moving firsts along an augmenting path (a transfer of one
+    first place at a time from an index that has too many to one that has too few).
+    ``O(L k log n)`` for a cycle of ``L`` positions.
+    """
+    sets = _appearance_sets(counts, appearance_targets(counts, k))
+    answers = _order_firsts(sets, counts)
+    _repair_firsts(answers, counts)
+    return [tuple(answer) for answer in answers]
+
+
+def _appearance_sets(counts: Sequence[int], targets: Sequence[int]) -> list[list[int]]:
+    length = sum(counts)
+    width = sum(targets) // length if length else 0
+    served = [0] * len(targets)
+    remaining = list(targets)
+    # Entries carry the served count they were made at: a later count makes them stale.
+    waiting = [(0.0, 0, index) for index, target in enumerate(targets) if target]
+    ready: list[tuple[float, int, int]] = []
+    urgent = [(length - target, target, index) for index, target in enumerate(targets) if target]
+    heapq.heapify(waiting)
+    heapq.heapify(urgent)
+    sets: list[list[int]] = []
+    for step in range(length):
+        now = step + 1e-9
+        while waiting and waiting[0][0] <= now:
+            _, count, index = heapq.heappop(waiting)
+            if count == served[index]:
+                heapq.heappush(ready, ((count + 1) * length / targets[index], count, index))
+        chosen: list[int] = []
+        taken: set[int] = set()
+        # An index whose remaining appearances fill every remaining position must be in this
+        # one; there are never more of them than ``width`` (their sum would exceed the slots).
+        while urgent and urgent[0][0] <= step:
+            _, left, index = heapq.heappop(urgent)
+            if left == remaining[index] and index not in taken:
+                chosen.append(index)
+                taken.add(index)
+        for queue in (ready, waiting):
+            while len(chosen) < width and queue:
+                _, count, index = heapq.heappop(queue)
+                if count == served[index] and index not in taken:
+                    chosen.append(index)
+                    taken.add(index)
+        for index in chosen:
+            served[index] += 1
+            remaining[index] -= 1
+            if remaining[index]:
+                start = served[index] * length / targets[index]
+                heapq.heappush(waiting, (start, served[index], index))
+                heapq.heappush(urgent, (length - remaining[index], remaining[index], index))
+        sets.append(chosen)
+    return sets
+
+
+def _order_firsts(sets: list[list[int]], counts: Sequence[int]) -> list[list[int]]:
+    length = len(sets)
+    firsts_left = list(counts)
+    appearances_left = [0] * len(counts)
+    for chosen in sets:
+        for index in chosen:
+            appearances_left[index] += 1
+    firsts = [0] * len(counts)
+    answers: list[list[int]] = []
+    for step, chosen in enumerate(sets):
+        candidates = [index for index in chosen if firsts_left[index]] or chosen
+        must = [index for index in candidates if firsts_left[index] >= appearances_left[index]]
+        started = [index for index in candidates if firsts[index] * length <= step * counts[index]]
+        pool = must or started or candidates
+        best = min(pool, key=lambda index: ((firsts[index] + 1) / counts[index], index))
+        firsts_left[best] -= 1
+        firsts[best] += 1
+        for index in chosen:
+            appearances_left[index] -= 1
+        # The others in the order they come first next: equal weights give plain rotation.
+        rest = sorted(
+            (index for index in chosen if index != best),
+            key=lambda index: ((firsts[index] + 1) / counts[index], index),
+        )
+        answers.append([best, *rest])
+    return answers
+
+
+def _repair_firsts(answers: list[list[int]], counts: Sequence[int]) -> None:
+    firsts = [0] * len(counts)
+    holding: list[set[int]] = [set() for _ in counts]  # positions an index is in, not first
+    for position, answer in enumerate(answers):
+        firsts[answer[0]] += 1
+        for index in answer[1:]:
+            holding[index].add(position)
+    short = [index for index, count in enumerate(counts) if firsts[index] < count]
+    while short:
+        start = short[-1]
+        # Breadth-first: ``index`` may take the first place at ``position`` from its holder.
+        parent: dict[int, tuple[int, int] | None] = {start: None}
+        queue = collections.deque([start])
+        found = None
+        while queue and found is None:
+            index = queue.popleft()
+            for position in sorted(holding[index]):
+                holder = answers[position][0]
+                if holder in parent:
+                    continue
+                parent[holder] = (index, position)
+                if firsts[holder] > counts[holder]:
+                    found = holder
+                    break
+                queue.append(holder)
+        if found is None:
+            return  # cannot happen for sets from _appearance_sets; never loop on it
+        firsts[found] -= 1
+        firsts[start] += 1
+        link = parent[found]
+        while link is not None:
+            index, position = link
+            answer = answers[position]
+            holder = answer[0]
+            answer.remove(index)
+            answer.insert(0, index)
+            holding[index].discard(position)
+            holding[holder].add(position)
+            link = parent[index]
+        if firsts[start] == counts[start]:
+            short.pop()
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +296,11 @@ def family_answers(
     weights = [member.weight for member in active]
     if sum(weights) <= 0:  # only zero weights left: they are still healthy, share alike
         weights = [1.0] * len(active)
-    cycle = interleave(quantize(weights, resolution))
+    counts = quantize(weights, resolution)
+    scale = cycle_scale(counts, pool.k)
     answers: list[Answer] = []
-    for window in windows(cycle, pool.k):
-        chosen = tuple(active[index] for index in window)
+    for indices in cycle_answers([count * scale for count in counts], pool.k):
+        chosen = tuple(active[index] for index in indices)
         answers.append(Answer(members=chosen, ttl=answer_ttl(chosen, pool, stale=stale)))
     return tuple(answers)
 

@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 
 from dnslb.config import Secret, load_config, setting
 from dnslb.dnsname import name_problem, normalize
-from dnslb.plan import STATIC_TYPES
+from dnslb.plan import STATIC_TYPES, address_problem, show, text_problem
 from dnslb.policy import PoolPolicy
+from dnslb.report import id_problem
 from dnslb.scaling import ScalingPolicy
 from manager.clusters import ClusterNode, ClusterSettings
 from manager.providers.docker import DockerProviderConfig
@@ -308,13 +309,18 @@ class MemberConfig:
     )
 
     def config_problems(self) -> Iterator[str]:
-        for key, value in (("address", self.address), ("check_address", self.check_address)):
-            if value is None:
-                continue
+        if problem := id_problem(self.id):
+            yield f"id: {problem}"
+        if problem := address_problem(self.address):
+            yield f"address: {problem} (DNS answers carry no %scope)"
+        if self.check_address is not None:
             try:
-                ipaddress.ip_address(value)
+                ipaddress.ip_address(self.check_address)
             except ValueError:
-                yield f"{key}: {value!r} is not an IP address"
+                yield f"check_address: {show(self.check_address)} is not an IP address"
+            else:
+                if problem := text_problem(self.check_address, ascii_only=True):
+                    yield f"check_address: {problem}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from dnslb.config import Secret
 from dnslb.model import Event, ServerState
 from dnslb.policy import PoolPolicy, ServerLoad
-from dnslb.report import Report
+from dnslb.report import MAX_SERVED, Report
 from dnslb.tokens import token_hash, token_matches
 from manager.config import PoolConfig
 from manager.state import ServerRecord, StateStore
@@ -44,6 +44,8 @@ class ServerRuntime:
     answered_until: float | None = None  # wall time the last answer holding it expires
     served: int = 0  # requests served while known to this manager (from served_total)
     served_total_seen: int | None = None  # the agent's counter at its newest report
+    # ((id, address), problems) of its plan member: see manager.planner._member_problems
+    member_check: tuple[tuple[str, str], tuple[str, ...]] | None = None
 
     def count_served(self, total: int | None) -> None:
         """Fold an agent's ``served_total`` counter in; a counter that went back restarted."""
@@ -51,7 +53,9 @@ class ServerRuntime:
             return
         previous = self.served_total_seen
         if previous is not None:
-            self.served += total - previous if total >= previous else total
+            added = total - previous if total >= previous else total
+            # Capped: an agent may report any counter up to MAX_SERVED, over and over again.
+            self.served = min(MAX_SERVED, self.served + added)
         self.served_total_seen = total
 
     @property

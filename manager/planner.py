@@ -16,6 +16,9 @@ from dnslb.dnsname import is_within, normalize
 from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
 from dnslb.plan import (
+    MAX_TTL,
+    MAX_UTILIZATION,
+    MAX_WEIGHT,
     Member,
     MemberState,
     Plan,
@@ -23,6 +26,7 @@ from dnslb.plan import (
     Record,
     Soa,
     Zone,
+    member_problems,
     parse_plan,
     plan_to_dict,
 )
@@ -123,19 +127,33 @@ def build_plan(
     stale_after: float | None,
     now: float,
     down_after: float,
+    left_out: dict[str, str] | None = None,
 ) -> Plan:
     """The plan for this moment. ``now`` is monotonic; ``generated_at`` is wall time.
 
     Build it with ``version=0`` and ``generated_at=None`` to compare contents between ticks.
+    A server whose member a pipe backend would refuse (by :func:`~dnslb.plan.member_problems`:
+    an id with a tab, a scoped address...) is left out, and why goes into ``left_out``: one bad
+    server never costs the other members their plan.
     """
     wall = generated_at if generated_at is not None else 0.0
     plan_pools = []
     for pool in pools:
         members = []
+        addresses: set[str] = set()
         for server in pool.servers.values():
             member = plan_member(pool, server, now=now, wall=wall, down_after=down_after)
-            if member is not None:
-                members.append(member)
+            if member is None:
+                continue
+            problems = _member_problems(server, member)
+            if member.address in addresses:
+                problems.append(f"address {member.address} is another member's")
+            if problems:
+                if left_out is not None:
+                    left_out[server.id] = "; ".join(problems)
+                continue
+            addresses.add(member.address)
+            members.append(member)
         plan_pools.append(plan_pool(pool.config, members))
     return Plan(
         version=version,
@@ -147,6 +165,24 @@ def build_plan(
         generated_at=generated_at,
         stale_after=stale_after,
     )
+
+
+def _member_problems(server: ServerRuntime, member: Member) -> list[str]:
+    """:func:`~dnslb.plan.member_problems`, with the costly part (id and address, which rarely
+    change) remembered on the server, and the numbers (which change every tick) checked here."""
+    cached = server.member_check
+    if cached is None or cached[0] != (member.id, member.address):
+        fixed = dataclasses.replace(member, weight=0.0, ttl=0, utilization=0.0)
+        cached = server.member_check = ((member.id, member.address), tuple(member_problems(fixed)))
+    problems = list(cached[1])
+    for name, value, high in (
+        ("weight", member.weight, MAX_WEIGHT),
+        ("utilization", member.utilization, MAX_UTILIZATION),
+        ("ttl", member.ttl, MAX_TTL),
+    ):
+        if not 0 <= value <= high:  # NaN fails both comparisons
+            problems.append(f"{name} {value!r} is out of range")
+    return problems
 
 
 def plan_pool(config: PoolConfig, members: list[Member]) -> Pool:

@@ -22,17 +22,19 @@ import dataclasses
 import json
 import logging
 import time
+from collections import Counter
+from collections.abc import Callable
 
 from dnslb.clock import Clock, SystemClock
 from dnslb.config import parse_config, to_document
 from dnslb.control import AdminAction, Conflict, NotFound
 from dnslb.dnsname import normalize
-from dnslb.errors import ConfigError
+from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
-from dnslb.plan import MemberState, Plan
+from dnslb.plan import MemberState, Plan, normal_address, parse_plan_json, plan_to_json
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
 from dnslb.policy import update_load
-from dnslb.report import Report
+from dnslb.report import MAX_SERVED, Report
 from dnslb.tokens import token_hash
 from manager.clusters import ClusterController, HttpTablePusher
 from manager.config import LoadedConfig, MemberConfig, PoolConfig
@@ -106,6 +108,11 @@ class Manager:
         self.plan: Plan | None = None  # the last plan published
         self.tick_errors = 0
         self.tick_seconds = 0.0
+        self.part_errors: Counter[str] = Counter()  # parts of ticks that failed, by kind
+        self._part_error_logged: dict[str, str] = {}
+        self.plans_refused = 0  # plans the pipe backend's rules refused (none published)
+        self.plan_problem: str | None = None  # why the newest plan was not published
+        self.members_left_out: dict[str, str] = {}  # server id -> why the plan left it out
         self._answer_counts: tuple[float, dict[str, tuple[int, int]]] | None = None
         self._content: Plan | None = None
         self._published_at: float | None = None
@@ -361,13 +368,27 @@ class Manager:
         now = self.clock.monotonic()
         wall = self.clock.time()
         with self.store.batch():
-            self._feed_clusters(now, wall)
+            self._isolated("clusters", "cluster load", self._feed_clusters, now, wall)
             for pool in self.fleet.pools.values():
-                for server in pool.servers.values():
-                    self._assess(pool, server, now, wall)
-            for lifecycle in self.lifecycles.values():
-                lifecycle.tick(now, wall)
+                for server in list(pool.servers.values()):
+                    self._isolated(server.id, "server", self._assess, pool, server, now, wall)
+            for name, lifecycle in self.lifecycles.items():
+                self._isolated(f"pool {name}", "lifecycle", lifecycle.tick, now, wall)
             return self._publish(now, wall)
+
+    def _isolated(self, key: str, what: str, step: Callable[..., object], *args: object) -> None:
+        """Run one part of a tick; a failure is counted and logged once per part and message,
+        and the rest of the tick goes on: one server's bad data fails only that server."""
+        try:
+            step(*args)
+        except Exception as exc:
+            self.part_errors[what] += 1
+            message = f"{type(exc).__name__}: {exc}"[:300]
+            if self._part_error_logged.get(key) != message:
+                self._part_error_logged[key] = message
+                log.exception("%s %s failed this tick (logged once); carrying on", what, key)
+        else:
+            self._part_error_logged.pop(key, None)
 
     def _feed_clusters(self, now: float, wall: float) -> None:
         """A cluster member's load is its live nodes' load: reported for it, as its agent would."""
@@ -462,6 +483,7 @@ class Manager:
     def _publish(self, now: float, wall: float) -> Plan | None:
         if not self._startup_done(now):
             return None
+        left_out: dict[str, str] = {}
         content = build_plan(
             self.zones,
             self.fleet.pools.values(),
@@ -470,18 +492,18 @@ class Manager:
             stale_after=None,
             now=now,
             down_after=self.config.down_after,
+            left_out=left_out,
         )
+        self._note_left_out(left_out, wall)
         changed = content != self._content
         due = self._published_at is None or now - self._published_at >= self.config.plan.refresh
         if not changed and not due:
             return None
-        if changed:
-            self.version += 1
-            self.store.set_meta("plan_version", str(self.version))
-        serial = self.version % 2**32
+        version = self.version + 1 if changed else self.version
+        serial = version % 2**32
         plan = dataclasses.replace(
             content,
-            version=self.version,
+            version=version,
             generated_at=wall,
             stale_after=self.config.plan.stale_after,
             zones=tuple(
@@ -489,6 +511,16 @@ class Manager:
                 for zone in content.zones
             ),
         )
+        problem = self._plan_problem(plan)
+        if problem is not None:
+            self.plans_refused += 1
+            if problem != self.plan_problem:
+                log.error(
+                    "plan v%d not published, the pipe backend would refuse it: %s", version, problem
+                )
+                self.fleet.log(wall, "plan_refused", f"plan v{version} not published: {problem}")
+            self.plan_problem = problem
+            return None
         try:
             self.publisher.publish(plan)
         except OSError as exc:
@@ -496,11 +528,53 @@ class Manager:
                 "cannot publish plan v%d to %s: %s", plan.version, self.publisher.describe(), exc
             )
             return None
+        if self.plan_problem is not None:
+            self.fleet.log(wall, "plan_refused", f"plan v{version} published again")
+            self.plan_problem = None
+        if changed:
+            self.version = version
+            self.store.set_meta("plan_version", str(version))
         self._content = content
         self._published_at = now
         self.plan = plan
         self._note_answers(plan, wall)
         return plan
+
+    def _plan_problem(self, plan: Plan) -> str | None:
+        """Why a pipe backend would refuse ``plan``, checked with its own reader: the JSON text
+        parsed by :func:`~dnslb.plan.parse_plan_json` and read back equal. None when it would
+        serve it. (Computing the answers of a plan the parser accepts cannot fail: the
+        ``plan`` and ``pipe-protocol`` fuzz harnesses hold that, and a pipe backend that met
+        such a plan would keep its last good one.)"""
+        try:
+            parsed = parse_plan_json(plan_to_json(plan))
+        except PlanError as exc:
+            return "; ".join(exc.problems[:5])
+        except ValueError as exc:  # not even JSON (a NaN would be caught here)
+            return str(exc)
+        if parsed != plan:
+            return "the plan does not read back as it was written"
+        return None
+
+    def _note_left_out(self, left_out: dict[str, str], wall: float) -> None:
+        """An event when a server is left out of plans for bad data, and when it is back."""
+        for server_id, why in left_out.items():
+            if self.members_left_out.get(server_id) != why:
+                server = self.fleet.servers.get(server_id)
+                self.fleet.log(
+                    wall,
+                    "left_out",
+                    f"left out of the plan: {why}",
+                    pool=server.record.pool if server else None,
+                    server=server_id if server else None,
+                )
+        for server_id in self.members_left_out.keys() - left_out.keys():
+            server = self.fleet.servers.get(server_id)
+            if server is not None:
+                self.fleet.log(
+                    wall, "left_out", "back in the plan", pool=server.record.pool, server=server_id
+                )
+        self.members_left_out = left_out
 
     def _note_answers(self, plan: Plan, wall: float) -> None:
         """Remember until when each server may be in resolvers' caches (drains wait for it)."""
@@ -530,10 +604,17 @@ class Manager:
                 if not isinstance(members, dict):
                     continue
                 for member, pair in members.items():
+                    # Stats documents are written by pipe backends beside the plan: anything
+                    # that is not a pair of sane counts is skipped, never summed.
                     if not (isinstance(pair, list) and len(pair) == 2):
                         continue
+                    if not all(_count(value) for value in pair):
+                        continue
                     first, seen = totals.get(member, (0, 0))
-                    totals[member] = (first + int(pair[0]), seen + int(pair[1]))
+                    totals[member] = (
+                        min(first + pair[0], MAX_SERVED),
+                        min(seen + pair[1], MAX_SERVED),
+                    )
         self._answer_counts = (now, totals)
         return totals
 
@@ -627,11 +708,15 @@ def _plan_store(loaded: LoadedConfig) -> PlanStore:
     return open_store(plan.store, password=password)
 
 
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SERVED
+
+
 def _static_record(pool: PoolConfig, member: MemberConfig, now: float) -> ServerRecord:
     return ServerRecord(
         id=member.id,
         pool=pool.name,
-        address=member.address,
+        address=normal_address(member.address),
         check_address=member.check_address,
         origin="static",
         state=ServerState.WARMING,

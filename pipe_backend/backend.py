@@ -5,11 +5,16 @@ and its compiled :class:`~pipe_backend.answers.AnswerTable`). :meth:`PipeBackend
 one request line; :meth:`PipeBackend.serve` is the loop over file descriptors, reading whatever is
 available, answering every complete line and writing all replies with one ``write``.
 
-Between batches :meth:`PipeBackend.poll` checks, at most every ``poll_interval`` seconds, whether
-the plan store's stamp changed, and whether the plan went stale. A new plan is swapped in whole;
-a missing, partial or invalid one leaves the last good plan in service, logged once per change.
-Bad input never stops the loop: a request that cannot be answered gets ``FAIL`` (with a ``LOG``
-line saying why), and end of input is a clean exit.
+The query loop never waits on I/O for plans. A loader thread (:meth:`PipeBackend.refresh`, every
+``poll_interval`` seconds) checks the plan store's stamp, reads, parses and compiles a new plan,
+notices when the plan goes stale, and writes the answer counts; the query loop takes a finished
+table between batches (:meth:`PipeBackend.take`), which costs one attribute check. A slow, hung or
+hostile store delays only the loader. A new plan is swapped in whole; a missing, partial, invalid
+or uncompilable one leaves the last good plan in service, logged once per change. A plan is
+copied to ``last_good`` only after it compiled, and a coprocess whose store is unreadable serves
+that copy when it is newer than its own: every coprocess, busy or idle, ends up on the newest good
+plan. Bad input never stops the loop: a request that cannot be answered gets ``FAIL`` (with a
+``LOG`` line saying why), and end of input is a clean exit.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 from dnslb import __version__
 from dnslb.errors import PlanError
@@ -32,6 +39,15 @@ log = logging.getLogger("dnslb.pipe_backend")
 
 _READ_SIZE = 65536
 _PROCESS = f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """A plan compiled by the loader, waiting for the query loop to take it."""
+
+    plan: Plan
+    stale: bool
+    table: AnswerTable | None  # None until the ABI is known (before HELO)
 
 
 class PipeBackend:
@@ -56,95 +72,119 @@ class PipeBackend:
         self.monotonic = monotonic
         self.wall = wall
         self.abi: int | None = None
-        self.plan: Plan | None = None
+        self.plan: Plan | None = None  # the plan the query loop answers from
         self.stale = False
         self.table: AnswerTable | None = None
         self.requests = 0
         self._names: dict[bytes, dict[bytes, Reply]] = {}
         self._q_fields = 0  # no Q accepted before HELO
+        # The loader's side, guarded by _lock (the query loop only ever tries it, never waits).
+        self._lock = threading.Lock()
+        self._ready: _Ready | None = None
+        self._loaded: Plan | None = None  # the newest good plan the loader has
+        self._loaded_stale = False
+        self._loaded_table: AnswerTable | None = None
         self._stamp: Hashable | None = None
         self._next_poll = float("-inf")
         self._kept_version: int | None = None  # version last written to last_good
         self._keep_failed = False
+        self._problem: str | None = None  # the store's last problem, logged once
+        self._failed_version: int | None = None  # a plan that did not compile, logged once
+        self._loader_errors = 0
         self._retired_counts: dict[str, dict[str, tuple[int, int]]] = {}
         self._next_stats = monotonic() + stats_interval
         self._stats_written_at_requests = 0
         self._stats_failed = False
-        self._store_down = False
+        self._rounds = 0  # loader rounds completed (reload waits for the next one)
+        self._round_done = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._force = False
 
-    # -- plan -----------------------------------------------------------------------------------
+    # -- plan (the loader's side) ---------------------------------------------------------------
 
     def poll(self, *, force: bool = False) -> None:
-        """Pick up a new plan and the plan's staleness; cheap unless something changed."""
+        """One loader round and the take, in the caller's thread (tests; no loader thread)."""
+        self.refresh(force=force)
+        self.take()
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Pick up a new plan and the plan's staleness, and write the answer counts when due;
+        cheap unless something changed. Never raises: a failure is logged once and counted."""
         now = self.monotonic()
         if now < self._next_poll and not force:
             return
         self._next_poll = now + self.poll_interval
         try:
-            stamp = self.store.stamp()
-        except OSError as exc:  # the store is unreachable (Redis down): keep what we have
-            if not self._store_down:
-                keeping = f"serving plan v{self.plan.version}" if self.plan else "no plan yet"
-                log.error("plan store %s unreachable (%s); %s", self.store.describe(), exc, keeping)
-                self._store_down = True
-            stamp = self._stamp
-            force = False
-            if self.plan is None and self.last_good is not None:  # a new coprocess: its copy
-                kept = self._read_last_good()
-                if kept is not None:
-                    log.error("serving the last good plan v%d meanwhile", kept.version)
-                    self._install(kept, self.last_good)
-        else:
-            if self._store_down:
-                log.info("plan store %s reachable again", self.store.describe())
-                self._store_down = False
-        if stamp != self._stamp or force:
-            self._stamp = stamp
-            self._load(stamp)
-        if self.plan is not None:
-            stale = self.plan.is_stale(self.wall())
-            if stale != self.stale:
-                self.stale = stale
-                self._log_staleness()
-                self._compile()
+            self._refresh(force)
+        except Exception:  # a bug here must not stop plan loading for good
+            self._loader_errors += 1
+            if self._loader_errors == 1 or self._loader_errors % 1000 == 0:
+                log.exception("plan loading failed (%d times); carrying on", self._loader_errors)
+        with self._round_done:
+            self._rounds += 1
+            self._round_done.notify_all()
         if now >= self._next_stats:
             self._next_stats = now + self.stats_interval
             self.write_stats()
 
-    def _load(self, stamp: Hashable | None) -> None:
-        plan, problem = self._read(stamp)
-        if plan is not None:
-            self._keep(plan)
-            self._install(plan, self.store)
-            return
-        if self.plan is None and self.last_good is not None:
-            kept = self._read_last_good()
-            if kept is not None:
-                log.error(
-                    "plan %s %s; serving the last good plan v%d",
-                    self.store.describe(),
-                    problem,
-                    kept.version,
-                )
-                self._install(kept, self.last_good)
-                return
-        keeping = f"serving plan v{self.plan.version}" if self.plan else "no plan to serve yet"
-        log.error("plan %s %s; %s", self.store.describe(), problem, keeping)
-
-    def _read(self, stamp: Hashable | None) -> tuple[Plan | None, str]:
-        if self._store_down:
-            return None, "is unreachable"
-        if stamp is None:
-            return None, "is missing"
+    def _refresh(self, force: bool) -> None:
         try:
-            return self.store.read(), ""
-        except (PlanError, OSError) as exc:
-            return None, f"not loaded ({exc})"
+            stamp = self.store.stamp()
+        except OSError as exc:  # the store is unreachable (Redis down): keep what we have
+            self._store_problem(f"is unreachable ({exc})")
+        else:
+            if stamp != self._stamp or force:
+                self._stamp = stamp
+                self._load(stamp)
+        with self._lock:
+            if self._loaded is not None:
+                stale = self._loaded.is_stale(self.wall())
+                if stale != self._loaded_stale:
+                    self._loaded_stale = stale
+                    self._log_staleness(self._loaded, stale)
+                    self._compile(self._loaded, stale)
+
+    def _load(self, stamp: Hashable | None) -> None:
+        problem = "is missing"
+        plan = None
+        if stamp is not None:
+            try:
+                plan = self.store.read()
+            except (PlanError, OSError) as exc:
+                problem = f"not loaded ({exc})"
+        if plan is None:
+            self._store_problem(problem)
+        elif self._install(plan, self.store):
+            self._problem = None
+        else:
+            self._store_problem(f"v{plan.version} cannot be compiled")
+
+    def _store_problem(self, problem: str) -> None:
+        """The store's plan cannot be had: serve the last good copy if it is newer than ours."""
+        kept = self._read_last_good()
+        current = self._loaded.version if self._loaded is not None else None
+        if kept is not None and (current is None or kept.version > current):
+            log.error(
+                "plan %s %s; serving the last good plan v%d from %s",
+                self.store.describe(),
+                problem,
+                kept.version,
+                self.last_good.describe() if self.last_good else "",
+            )
+            self._problem = problem
+            self._install(kept, self.last_good or self.store)
+            return
+        if problem != self._problem:
+            self._problem = problem
+            keeping = f"serving plan v{current}" if current is not None else "no plan to serve yet"
+            log.error("plan %s %s; %s", self.store.describe(), problem, keeping)
 
     def _read_last_good(self) -> Plan | None:
-        if self.last_good is None or self.last_good.stamp() is None:
+        if self.last_good is None:
             return None
         try:
+            if self.last_good.stamp() is None:
+                return None
             return self.last_good.read()
         except (PlanError, OSError):
             return None
@@ -163,51 +203,83 @@ class PipeBackend:
                 )
                 self._keep_failed = True
 
-    def _install(self, plan: Plan, source: PlanStore) -> None:
-        if self.plan is not None and plan.version < self.plan.version:
+    def _install(self, plan: Plan, source: PlanStore) -> bool:
+        """Compile ``plan`` and make it the one to take; False (logged once) if it cannot be."""
+        stale = plan.is_stale(self.wall())
+        with self._lock:
+            if not self._compile(plan, stale):
+                return False
+            previous = self._loaded
+            self._loaded = plan
+            self._loaded_stale = stale
+        if previous is not None and plan.version < previous.version:
             log.warning(
                 "plan %s went back from v%d to v%d; serving it",
                 source.describe(),
-                self.plan.version,
+                previous.version,
                 plan.version,
             )
-        self.plan = plan
-        self.stale = plan.is_stale(self.wall())
         log.info(
             "plan v%d loaded from %s: %d zones, %d pools%s",
             plan.version,
             source.describe(),
             len(plan.zones),
             len(plan.pools),
-            " (stale)" if self.stale else "",
+            " (stale)" if stale else "",
         )
-        if self.stale:
-            self._log_staleness()
-        self._compile()
+        if stale:
+            self._log_staleness(plan, stale)
+        if source is self.store:
+            self._keep(plan)
+        return True
 
-    def _log_staleness(self) -> None:
-        assert self.plan is not None
-        if self.stale:
+    def _compile(self, plan: Plan, stale: bool) -> bool:
+        """Compile ``plan`` for the ABI (if known) and post it for the query loop (lock held)."""
+        try:
+            # Before HELO the ABI is unknown: compile for the newest to know the plan compiles.
+            abi = self.abi if self.abi is not None else ABI_VERSIONS[-1]
+            previous = self._loaded_table if self.abi is not None else None
+            table = compile_plan(plan, abi, stale=stale, rng=self.rng, previous=previous)
+        except Exception:  # a plan the parser let through must never stop the backend
+            if plan.version != self._failed_version:
+                self._failed_version = plan.version
+                log.exception("plan v%d cannot be compiled; keeping the last good", plan.version)
+            return False
+        if self.abi is not None:
+            self._loaded_table = table
+        self._ready = _Ready(plan=plan, stale=stale, table=table if self.abi is not None else None)
+        return True
+
+    def _log_staleness(self, plan: Plan, stale: bool) -> None:
+        if stale:
             log.warning(
                 "plan v%d is older than its stale_after (%.0f s): answering with TTL floors",
-                self.plan.version,
-                self.plan.stale_after or 0.0,
+                plan.version,
+                plan.stale_after or 0.0,
             )
         else:
-            log.info("plan v%d is fresh again", self.plan.version)
+            log.info("plan v%d is fresh again", plan.version)
 
-    def _compile(self) -> None:
-        if self.plan is None or self.abi is None:
+    # -- plan (the query loop's side) -----------------------------------------------------------
+
+    def take(self) -> None:
+        """Swap in the table the loader finished, if any; never waits for the loader."""
+        if self._ready is None or not self._lock.acquire(blocking=False):
             return
-        previous = self.table
-        self.table = compile_plan(
-            self.plan, self.abi, stale=self.stale, rng=self.rng, previous=previous
-        )
-        self._names = self.table.names
-        if previous is not None:
-            for key, compiled in previous.pools.items():
-                if key not in self.table.pools:
-                    self._retire_counts(compiled.name, compiled.answer_counts())
+        try:
+            ready, self._ready = self._ready, None  # set only under the lock, taken only here
+            previous = self.table
+            self.plan = ready.plan
+            self.stale = ready.stale
+            if ready.table is not None:
+                self.table = ready.table
+                self._names = ready.table.names
+                if previous is not None:
+                    for key, compiled in previous.pools.items():
+                        if key not in ready.table.pools:
+                            self._retire_counts(compiled.name, compiled.answer_counts())
+        finally:
+            self._lock.release()
 
     def _retire_counts(self, pool: str, counts: dict[str, tuple[int, int]]) -> None:
         totals = self._retired_counts.setdefault(pool, {})
@@ -217,9 +289,11 @@ class PipeBackend:
 
     def answer_counts(self) -> dict[str, dict[str, tuple[int, int]]]:
         """Per pool and member: (answers it came first in, answers it was in), since start."""
-        result = {pool: dict(members) for pool, members in self._retired_counts.items()}
-        if self.table is not None:
-            for compiled in self.table.pools.values():
+        with self._lock:
+            result = {pool: dict(members) for pool, members in self._retired_counts.items()}
+            table = self.table
+        if table is not None:
+            for compiled in list(table.pools.values()):
                 totals = result.setdefault(compiled.name, {})
                 for member, (first, seen) in compiled.answer_counts().items():
                     old_first, old_seen = totals.get(member, (0, 0))
@@ -228,13 +302,15 @@ class PipeBackend:
 
     def write_stats(self) -> None:
         """Publish the answer counts beside the plan, for the manager's metrics."""
-        if self.requests == self._stats_written_at_requests:
+        requests = self.requests
+        if requests == self._stats_written_at_requests:
             return
+        plan = self.plan
         document = {
             "process": _PROCESS,
             "written_at": self.wall(),
-            "plan_version": self.plan.version if self.plan else None,
-            "requests": self.requests,
+            "plan_version": plan.version if plan else None,
+            "requests": requests,
             "pools": {
                 pool: {member: list(pair) for member, pair in members.items()}
                 for pool, members in self.answer_counts().items()
@@ -247,7 +323,38 @@ class PipeBackend:
                 log.warning("cannot write answer counts beside %s: %s", self.store.describe(), exc)
                 self._stats_failed = True
             return
-        self._stats_written_at_requests = self.requests
+        self._stats_written_at_requests = requests
+
+    # -- the loader thread ----------------------------------------------------------------------
+
+    def start_loader(self) -> threading.Event:
+        """Run :meth:`refresh` in a daemon thread until the returned event is set."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                force, self._force = self._force, False
+                self.refresh(force=force)
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+
+        self._loader_thread = threading.Thread(target=loop, name="plan-loader", daemon=True)
+        self._loader_thread.start()
+        return stop
+
+    def _reload(self, timeout: float = 2.0) -> bool:
+        """Have the loader re-read the plan now; wait up to ``timeout`` for it, then take it."""
+        thread = getattr(self, "_loader_thread", None)
+        if thread is None or not thread.is_alive():
+            self.poll(force=True)
+            return True
+        with self._round_done:
+            target = self._rounds + 2  # a round that started after this request
+            self._force = True
+            self._wake.set()
+            done = self._round_done.wait_for(lambda: self._rounds >= target, timeout)
+        self.take()
+        return done
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -294,7 +401,11 @@ class PipeBackend:
             return log_fail("dnslb: unsupported pipe ABI version (use pipe-abi-version=1..5)")
         self.abi = int(version)
         self._q_fields = Q_FIELDS[self.abi]
-        self._compile()
+        with self._lock:  # once per process: compile what the loader has for this ABI
+            self._loaded_table = None
+            if self._loaded is not None and not self._compile(self._loaded, self._loaded_stale):
+                self._ready = None
+        self.take()
         plan = f"plan v{self.plan.version}" if self.plan else "no plan yet"
         banner = f"OK\tdnslb {__version__} pipe backend, ABI {self.abi}, {plan}\n"
         return banner.encode("utf-8")
@@ -317,8 +428,8 @@ class PipeBackend:
         words = text.split()
         command = words[0].lower() if words else "help"
         if command == "reload":
-            self.poll(force=True)
-            lines = ["reloaded", *self.status()]
+            done = self._reload()
+            lines = ["reloaded" if done else "reload asked; the plan store is slow", *self.status()]
         elif command in ("status", "version"):
             lines = self.status()
         else:
@@ -348,6 +459,15 @@ class PipeBackend:
 
     def serve(self, fd_in: int, fd_out: int) -> None:
         """Answer requests from ``fd_in`` on ``fd_out`` until end of input."""
+        stop = self.start_loader()
+        try:
+            self._serve(fd_in, fd_out)
+        finally:
+            stop.set()
+            self._wake.set()
+            self.write_stats()  # the last counts of this coprocess
+
+    def _serve(self, fd_in: int, fd_out: int) -> None:
         handle = self.handle
         pending = b""
         discarding = False  # inside a line that was too long: drop it up to its newline
@@ -355,30 +475,45 @@ class PipeBackend:
             chunk = os.read(fd_in, _READ_SIZE)
             if not chunk:
                 if pending and not discarding:
-                    _write_all(fd_out, handle(pending.rstrip(b"\r")))
+                    _write_all(fd_out, self._answer([pending.rstrip(b"\r")]))
                     self.requests += 1
-                self.write_stats()  # the last counts of this coprocess
                 return
-            self.poll()
+            if self._ready is not None:
+                self.take()
             lines = (pending + chunk).split(b"\n")
             pending = lines.pop()
             if discarding and lines:
                 lines.pop(0)
                 discarding = False
-            replies = []
-            for line in lines:
-                if len(line) > MAX_LINE:
-                    replies.append(log_fail(f"dnslb: request longer than {MAX_LINE} bytes"))
-                else:
-                    replies.append(handle(line))
+            try:
+                replies = [handle(line) if len(line) <= MAX_LINE else _TOO_LONG for line in lines]
+            except Exception:  # a bug must cost one request a FAIL, never the coprocess
+                replies = [self._answer([line]) for line in lines]
             if len(pending) > MAX_LINE:
                 if not discarding:
-                    replies.append(log_fail(f"dnslb: request longer than {MAX_LINE} bytes"))
+                    replies.append(_TOO_LONG)
                 discarding = True
                 pending = b""
             self.requests += len(replies)
             if replies:
                 _write_all(fd_out, b"".join(replies))
+
+    def _answer(self, lines: list[bytes]) -> bytes:
+        """Replies to ``lines`` one by one, a failure in one a ``FAIL`` for it alone."""
+        replies = []
+        for line in lines:
+            if len(line) > MAX_LINE:
+                replies.append(_TOO_LONG)
+                continue
+            try:
+                replies.append(self.handle(line))
+            except Exception:
+                log.exception("request %r failed", line[:80])
+                replies.append(log_fail("dnslb: internal error answering this request"))
+        return b"".join(replies)
+
+
+_TOO_LONG = log_fail(f"dnslb: request longer than {MAX_LINE} bytes")
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -501,3 +501,133 @@ def test_answer_counts_are_published_beside_the_plan(plan_path: Path) -> None:
     members = document["pools"]["www.example.test"]
     assert sum(first for first, _ in members.values()) == 40
     assert document["plan_version"] == 7
+
+
+# -- hostile plans and stores (issue 14) -------------------------------------------------------
+
+
+def test_a_plan_that_does_not_compile_is_never_kept_as_last_good(
+    plan_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plan the parser let through but the compiler refused was copied to .last-good before
+    compiling: every coprocess pdns restarted then died on it."""
+    import pipe_backend.backend as backend_module  # noqa: PLC0415
+
+    store = FilePlanStore(plan_path)
+    last_good = last_good_store(store)
+    assert last_good is not None
+    clock = Clock()
+    backend = PipeBackend(store, last_good=last_good, monotonic=clock, wall=clock)
+    backend.poll(force=True)
+    backend.handle(b"HELO\t5")
+    real = backend_module.compile_plan
+
+    def refuse_v8(plan: Any, *args: Any, **kwargs: Any) -> Any:
+        if plan.version == 8:
+            raise OverflowError("cannot convert float infinity to integer")
+        return real(plan, *args, **kwargs)
+
+    monkeypatch.setattr(backend_module, "compile_plan", refuse_v8)
+    write_plan(plan_path, plan_doc(version=8))
+    with caplog.at_level(logging.ERROR, logger="dnslb.pipe_backend"):
+        for _ in range(5):
+            clock.now += 0.3
+            backend.poll()
+        assert caplog.text.count("plan v8 cannot be compiled") == 1
+    assert backend.plan is not None and backend.plan.version == 7
+    assert parse_reply(5, backend.handle(q_line(5, "www.example.test", "A")))
+    assert last_good.read().version == 7
+    fresh = PipeBackend(store, last_good=last_good, monotonic=clock, wall=clock)
+    fresh.poll(force=True)
+    assert fresh.plan is not None and fresh.plan.version == 7
+    assert fresh.handle(b"HELO\t5").startswith(b"OK")
+    assert parse_reply(5, fresh.handle(q_line(5, "www.example.test", "A")))
+
+
+def test_an_idle_coprocess_ends_up_on_the_newest_good_plan(plan_path: Path) -> None:
+    """pdns's TCP coprocess, idle while v8 came and went, served v7 for good once the plan file
+    was broken, while the busy ones served v8."""
+    store = FilePlanStore(plan_path)
+    last_good = last_good_store(store)
+    clock = Clock()
+    busy = PipeBackend(store, last_good=last_good, monotonic=clock, wall=clock)
+    idle = PipeBackend(store, last_good=last_good, monotonic=clock, wall=clock)
+    for backend in (busy, idle):
+        backend.poll(force=True)
+        backend.handle(b"HELO\t5")
+    write_plan(plan_path, plan_doc(version=8))
+    clock.now += 0.3
+    busy.poll()
+    plan_path.write_text('{"format": 1, "version": 9, "zo')
+    clock.now += 0.3
+    busy.poll()
+    idle.poll()
+    assert busy.plan is not None and busy.plan.version == 8
+    assert idle.plan is not None and idle.plan.version == 8
+
+
+class BlockingStore(FilePlanStore):
+    """A plan store whose stamp hangs while ``blocked`` is set (a Redis that stopped answering)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.blocked = threading.Event()
+        self.released = threading.Event()
+        self.calls = 0
+
+    def stamp(self) -> Any:
+        self.calls += 1
+        if self.blocked.is_set():
+            self.released.wait(30)
+        return super().stamp()
+
+
+def test_a_hung_store_never_delays_an_answer(plan_path: Path) -> None:
+    store = BlockingStore(plan_path)
+    backend = PipeBackend(store, rng=random.Random(1), poll_interval=0.01)
+    backend.poll(force=True)
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    server = threading.Thread(target=backend.serve, args=(in_read, out_write))
+    server.start()
+    try:
+        os.write(in_write, b"HELO\t5\n")
+        assert os.read(out_read, 65536).startswith(b"OK")
+        store.blocked.set()
+        calls = store.calls
+        while store.calls == calls:  # the loader is now stuck in the store
+            threading.Event().wait(0.01)
+        for _ in range(50):
+            os.write(in_write, q_line(5, "www.example.test", "A") + b"\n")
+            reply = b""
+            while not reply.endswith(b"END\n"):
+                reply += os.read(out_read, 65536)
+            assert len(parse_reply(5, reply)) == 2
+        assert store.blocked.is_set() and not store.released.is_set()
+    finally:
+        store.released.set()
+        os.close(in_write)
+        server.join(10)
+        os.close(in_read)
+        os.close(out_write)
+        os.close(out_read)
+    assert not server.is_alive()
+
+
+def test_a_request_that_raises_costs_one_fail_not_the_coprocess(
+    plan_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = make_backend(plan_path)
+    real = backend.handle
+
+    def flaky(line: bytes) -> bytes:
+        if b"boom" in line:
+            raise RuntimeError("a bug")
+        return real(line)
+
+    monkeypatch.setattr(backend, "handle", flaky)
+    lines = [q_line(5, "www.example.test", "A"), b"Q\tboom", q_line(5, "example.test", "SOA")]
+    replies = run_serve(backend, b"\n".join(lines) + b"\n").split(b"END\n")
+    assert b"internal error" in b"".join(replies)
+    assert b"\tSOA\t" in replies[-2]
+    assert len(parse_reply(5, replies[0] + b"END\n")) == 2

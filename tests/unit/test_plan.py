@@ -120,7 +120,7 @@ def _set(doc: dict[str, Any], path: str, value: Any) -> None:
         pytest.param(
             "pools[0].members[1].weight",
             -1,
-            "pools[0].members[1].weight: must be at least 0.0",
+            "pools[0].members[1].weight: must be between 0 and",
             id="negative-weight",
         ),
         pytest.param(
@@ -207,7 +207,7 @@ def _set(doc: dict[str, Any], path: str, value: Any) -> None:
         pytest.param("zones", {}, "zones: must be a list, not an object", id="zones-type"),
         pytest.param("format", 2, "format: this dnslb reads plan format 1, not 2", id="format"),
         pytest.param("version", "7", "version: must be an integer, not a string", id="version"),
-        pytest.param("stale_after", 0, "stale_after: must be at least", id="stale-after"),
+        pytest.param("stale_after", 0, "stale_after: must be between", id="stale-after"),
         pytest.param("generated_at", "now", "generated_at: must be a number", id="gen-at"),
     ],
 )
@@ -283,3 +283,95 @@ def test_plan_type_is_immutable() -> None:
         plan.version = 8  # type: ignore[misc]
     assert isinstance(plan, Plan)
     assert json.loads(plan_to_json(plan))["version"] == 7
+
+
+# -- hostile plans (issue 14): each of these once crashed a pipe backend or was let through --
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "problem"),
+    [
+        pytest.param(
+            "pools[0].members[0].weight", 4.6e306, "must be between 0 and 1e+09", id="huge-weight"
+        ),
+        pytest.param(
+            "pools[0].members[0].weight", 10**400, "must be between 0 and 1e+09", id="int-weight"
+        ),
+        pytest.param(
+            "pools[0].members[0].utilization", 10**400, "must be between", id="int-utilization"
+        ),
+        pytest.param("generated_at", 1e300, "must be between", id="far-future"),
+        pytest.param(
+            "pools[1].members[0].address", "fe80::1%\u00e9", "not an IP address", id="scope-utf8"
+        ),
+        pytest.param(
+            "pools[1].members[0].address", "fe80::1%\nDATA", "not an IP address", id="scope-nl"
+        ),
+        pytest.param("pools[1].members[0].address", "fe80::1%eth0", "not an IP", id="scoped"),
+        pytest.param("pools[0].members[0].id", "a\tb", "holds the control", id="id-tab"),
+        pytest.param("pools[0].members[0].id", "a\ud800", "holds the control", id="surrogate"),
+        pytest.param("pools[0].members[0].id", "a\u2028b", "holds the line", id="line-sep"),
+        pytest.param("pools[0].members[0].id", "x" * 129, "must be at most 128", id="long-id"),
+        pytest.param(
+            "zones[0].records[2].content", '"caf\u00e9"', "holds the non-ASCII", id="txt-utf8"
+        ),
+        pytest.param(
+            "zones[0].records[1].content", "99999 mx.example.test", "MX content", id="mx-range"
+        ),
+    ],
+)
+def test_hostile_values_are_refused(path: str, value: Any, problem: str) -> None:
+    doc = plan_doc()
+    _set(doc, path, value)
+    with pytest.raises(PlanError) as caught:
+        parse_plan(doc)
+    assert any(path in p and problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_deeply_nested_json_is_a_plan_error() -> None:
+    for text in ("[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000):
+        with pytest.raises(PlanError, match="nested too deeply"):
+            parse_plan_json(text)
+
+
+def test_deeply_nested_values_are_worded_without_recursion() -> None:
+    nested: Any = "x"
+    for _ in range(5000):
+        nested = [nested]
+    doc = plan_doc()
+    doc["pools"][0]["fallback"] = nested
+    doc["pools"][0]["members"][0]["state"] = nested
+    with pytest.raises(PlanError) as caught:
+        parse_plan(doc)
+    assert all(len(problem) < 300 for problem in caught.value.problems)
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        pytest.param(
+            {"name": "example.test", "type": "CNAME", "content": "elsewhere.test"},
+            "a CNAME cannot be at the zone's apex",
+            id="apex",
+        ),
+        pytest.param(
+            {"name": "ns1.example.test", "type": "CNAME", "content": "elsewhere.test"},
+            "a CNAME must be alone at 'ns1.example.test', which has A, CNAME",
+            id="beside-a",
+        ),
+    ],
+)
+def test_cname_rules(record: dict[str, Any], problem: str) -> None:
+    doc = plan_doc()
+    doc["zones"][0]["records"].append(record)
+    with pytest.raises(PlanError) as caught:
+        parse_plan(doc)
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_a_lone_cname_below_the_apex_is_fine() -> None:
+    doc = plan_doc()
+    doc["zones"][0]["records"].append(
+        {"name": "alias.example.test", "type": "CNAME", "content": "www.example.test"}
+    )
+    assert parse_plan(doc).zones[0].records[-1].type == "CNAME"

@@ -1,4 +1,4 @@
-"""Weighted round-robin selection: the cycle, k-distinct windows, answers, fallback, rotation."""
+"""Weighted round-robin selection: the cycle, its k-distinct answers, fallback, rotation."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from dnslb.plan import Fallback, Member, MemberState, Pool
 from dnslb.selection import (
     answer_ttl,
+    appearance_targets,
+    cycle_answers,
     fallback_members,
-    interleave,
     pool_answers,
     quantize,
     rotation,
-    windows,
 )
 
 
@@ -60,44 +60,81 @@ def test_quantize(weights: list[float], expected: list[int]) -> None:
     assert quantize(weights) == expected
 
 
-@pytest.mark.parametrize(
-    "counts",
-    [[1, 1, 1], [3, 1], [5, 3, 2], [7, 1, 1, 1], [13, 8, 5, 3, 2, 1, 1], [1] * 40, [100, 1]],
-)
-def test_interleave_gives_each_index_its_count_evenly_spread(counts: list[int]) -> None:
-    cycle = interleave(counts)
-    assert Counter(cycle) == {i: c for i, c in enumerate(counts) if c}
-    length = len(cycle)
-    for end in range(1, length + 1):  # every prefix: within one slot of the share
-        prefix = Counter(cycle[:end])
-        for index, count in enumerate(counts):
-            assert abs(prefix[index] - end * count / length) < 1
-    doubled = cycle + cycle
-    for width in range(1, length + 1):  # every stretch, wrapping: within two
-        for start in range(length):
-            window = Counter(doubled[start : start + width])
-            for index, count in enumerate(counts):
-                assert abs(window[index] - width * count / length) < 2
+CASES = [[1, 1, 1], [3, 1], [5, 3, 2], [7, 1, 1, 1], [13, 8, 5, 3, 2, 1, 1], [1] * 40, [100, 1]]
+CASES += [[4, 3, 2, 1], [10, 1, 1], [1, 1], [5], [2, 2, 2, 2, 2, 2], [1, 2, 3, 4]]
 
 
-def test_equal_counts_give_plain_round_robin() -> None:
-    assert interleave([1, 1, 1, 1]) == [0, 1, 2, 3]
+def _worst_stretch(lanes: list[list[int]], shares: list[float]) -> float:
+    """The largest gap, over every stretch of the cycle (wrapping), between how often an index
+    is in the stretch and its share of it."""
+    length = len(lanes)
+    worst = 0.0
+    doubled = lanes + lanes
+    for start in range(length):
+        seen = [0] * len(shares)
+        for width in range(1, length + 1):
+            for index in doubled[start + width - 1]:
+                seen[index] += 1
+            worst = max(worst, *(abs(seen[i] - width * share) for i, share in enumerate(shares)))
+    return worst
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("counts", [[4, 3, 2, 1], [10, 1, 1], [1, 1], [5], [2, 2, 2, 2, 2, 2]])
-def test_windows_are_the_first_k_distinct_members_from_each_position(
-    counts: list[int], k: int
-) -> None:
-    cycle = interleave(counts)
-    result = windows(cycle, k)
-    assert len(result) == len(cycle)
-    for position, window in enumerate(result):
-        expected: list[int] = []
-        for index in itertools.islice(itertools.cycle(cycle), position, position + 2 * len(cycle)):
-            if index not in expected:
-                expected.append(index)
-        assert list(window) == expected[:k]
+@pytest.mark.parametrize("counts", CASES, ids=str)
+def test_cycle_answers_give_exact_firsts_and_appearances(counts: list[int], k: int) -> None:
+    answers = cycle_answers(counts, k)
+    length = sum(counts)
+    assert len(answers) == length
+    width = min(k, len(counts))
+    assert all(len(set(answer)) == len(answer) == width for answer in answers)
+    assert Counter(answer[0] for answer in answers) == dict(enumerate(counts))
+    targets = appearance_targets(counts, k)
+    assert Counter(i for answer in answers for i in answer) == dict(enumerate(targets))
+    # Spread evenly: every stretch within 3 slots of its share (first places) and within 2
+    # (appearances); measured worst over these cases and 300 random ones: 2.4 and 1.75.
+    assert _worst_stretch([[a[0]] for a in answers], [c / length for c in counts]) < 3
+    assert _worst_stretch([list(a) for a in answers], [t / length for t in targets]) < 2
+
+
+def test_appearances_of_the_issue_reach_the_weights() -> None:
+    """k = 2 and weights 1:2:3:4 gave appearances 0.2 / 0.4 / 0.7 / 0.7 (the heaviest member was
+    repeated across the cycle's wrap); 0.2 / 0.4 / 0.6 / 0.8 is what the weights ask for."""
+    answers = cycle_answers([1, 2, 3, 4], 2)
+    seen = Counter(i for answer in answers for i in answer)
+    assert [seen[i] / len(answers) for i in range(4)] == [0.2, 0.4, 0.6, 0.8]
+
+
+@pytest.mark.parametrize(
+    ("counts", "k", "expected"),
+    [
+        pytest.param([1, 2, 3, 4], 2, [2, 4, 6, 8], id="proportional"),
+        pytest.param([6, 1, 1], 2, [8, 4, 4], id="capped-at-every-answer"),
+        pytest.param([5, 3, 1, 1], 3, [10, 10, 5, 5], id="two-capped"),
+        pytest.param([3, 1], 8, [4, 4], id="k-above-members"),
+        pytest.param([1, 0, 1], 2, [2, 0, 2], id="zero-count"),
+    ],
+)
+def test_appearance_targets(counts: list[int], k: int, expected: list[int]) -> None:
+    assert appearance_targets(counts, k) == expected
+    assert sum(expected) == sum(counts) * min(k, sum(1 for c in counts if c))
+
+
+def test_cycle_answers_are_exact_for_many_weights() -> None:
+    rng = random.Random(5)
+    for _ in range(400):
+        counts = [rng.choice([1, 1, 2, 3, 5, 8, 13, 40]) for _ in range(rng.randint(1, 12))]
+        k = rng.randint(1, 8)
+        answers = cycle_answers(counts, k)
+        assert Counter(a[0] for a in answers) == dict(enumerate(counts)), (counts, k)
+        targets = dict(enumerate(appearance_targets(counts, k)))
+        assert Counter(i for a in answers for i in a) == targets, (counts, k)
+
+
+def test_huge_and_non_finite_weights_never_overflow() -> None:
+    assert quantize([4.6e306, 4.6e306, 1.0]) == [1, 1, 0] or quantize([4.6e306] * 2 + [1.0])[2] >= 0
+    assert quantize([1.7e308, 1.7e308]) == [1, 1]
+    assert quantize([float("inf"), 1.0]) == [0, 1]
+    assert quantize([float("nan"), 2.0, 2.0]) == [0, 1, 1]
 
 
 def test_answers_leave_out_members_that_are_not_active() -> None:
@@ -229,9 +266,9 @@ def test_appearances_follow_the_weights_as_far_as_k_allows(k: int) -> None:
     seen = Counter(m.id for a in _draw(pool_answers(p).v4, draws, seed=2) for m in a.members)
     ideal = _capped_inclusion(weights, k)
     for name in weights:
-        # Tolerance: 0.1 absolute per-answer inclusion rate (k distinct from consecutive slots
-        # of the cycle is exact for k <= 3 here, and close to the capped ideal beyond).
-        assert abs(seen[name] / draws - ideal[name]) < 0.1, (name, seen, ideal)
+        # Tolerance: 0.01 absolute per-answer inclusion rate (the cycle itself is exact; laps
+        # start at random places).
+        assert abs(seen[name] / draws - ideal[name]) < 0.01, (name, seen, ideal)
     assert all(len({m.id for m in a.members}) == k for a in pool_answers(p).v4)
 
 

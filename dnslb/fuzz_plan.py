@@ -1,0 +1,160 @@
+"""Fuzz harness for plan documents: whatever an operator or a broken manager writes at the plan's
+location, :func:`~dnslb.plan.parse_plan_json` either refuses it with a :class:`PlanError` or
+returns a plan that every reader can serve.
+
+Contract checked per input: no exception but ``PlanError``; an accepted plan reads back equal
+from its own JSON; every text a pipe backend puts on a protocol line is ASCII without tabs or
+newlines; every pool's answers can be computed (at most ``k`` distinct members each, TTLs at or
+above the floor, only active members unless it is a fallback answer).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from dnslb.errors import PlanError
+from dnslb.fuzzing import Finding, Harness, deep_json, json_text, mutate_document
+from dnslb.plan import Fallback, MemberState, Plan, parse_plan_json, plan_to_json
+from dnslb.selection import pool_answers
+
+_TYPES = ("A", "AAAA", "CNAME", "MX", "NS", "TXT", "SRV", "CAA", "PTR")
+
+
+def _address(rng: random.Random, ipv6: bool) -> str:
+    if ipv6:
+        return f"2001:db8::{rng.randrange(1, 0xFFFF):x}"
+    return f"10.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}"
+
+
+def _content(rng: random.Random, rtype: str, zone: str) -> str:
+    return {
+        "A": _address(rng, False),
+        "AAAA": _address(rng, True),
+        "CNAME": f"target.{zone}",
+        "MX": f"{rng.randrange(100)} mx.{zone}",
+        "NS": f"ns9.{zone}",
+        "TXT": rng.choice(('"hello"', '"v=spf1 -all"', "plain")),
+        "SRV": f"10 5 {rng.randrange(1, 65536)} sip.{zone}",
+        "CAA": '0 issue "letsencrypt.org"',
+        "PTR": f"host.{zone}",
+    }[rtype]
+
+
+def random_plan_document(rng: random.Random) -> dict[str, Any]:
+    """A plan document that is valid most of the time: zones with static records, pools with
+    members of both families, every state, weights and TTLs over their whole ranges."""
+    zones = []
+    pools = []
+    for z in range(rng.randint(1, 3)):
+        zone = f"zone{z}.test" if rng.random() < 0.8 else f"sub.zone{z}.test"
+        records = []
+        for r in range(rng.randint(0, 5)):
+            rtype = rng.choice(_TYPES)
+            name = rng.choice((zone, f"r{r}.{zone}", f"*.{zone}"))
+            records.append(
+                {
+                    "name": name,
+                    "type": rtype,
+                    "ttl": rng.choice((0, 60, 3600, 2**31 - 1)),
+                    "content": _content(rng, rtype, zone),
+                }
+            )
+        zones.append(
+            {
+                "name": zone,
+                "ns": [f"ns1.{zone}", f"ns2.{zone}"][: rng.randint(1, 2)],
+                "records": records,
+            }
+        )
+        for p in range(rng.randint(0, 3)):
+            members = []
+            for m in range(rng.randint(0, 12)):
+                members.append(
+                    {
+                        "id": f"m{m}",
+                        "address": _address(rng, rng.random() < 0.3),
+                        "weight": rng.choice((0, 0.001, 1, 3.5, 100, 1e6, 1e9)),
+                        "ttl": rng.choice((0, 1, 5, 60, 2**31 - 1)),
+                        "state": rng.choice(list(MemberState)).value,
+                        "utilization": rng.choice((0.0, 0.5, 0.95, 3.0, 1e9)),
+                    }
+                )
+            pools.append(
+                {
+                    "name": f"pool{p}.{zone}",
+                    "k": rng.choice((1, 2, 4, 8, 64)),
+                    "ttl_floor": rng.choice((0, 5, 30)),
+                    "fallback": rng.choice(list(Fallback)).value,
+                    "members": members,
+                }
+            )
+    return {
+        "format": 1,
+        "version": rng.choice((0, 1, 7, 2**63 - 1)),
+        "generated_at": rng.choice((None, 1.7e9)),
+        "stale_after": rng.choice((None, 30, 0.5)),
+        "zones": zones,
+        "pools": pools,
+    }
+
+
+def hostile_plan_text(rng: random.Random) -> bytes:
+    """Plan text as anyone might write it: valid, mutated in its values, or broken as text."""
+    choice = rng.random()
+    if choice < 0.03:
+        return deep_json(rng.choice((100, 10_000, 200_000))).encode()
+    document = random_plan_document(rng)
+    if choice < 0.75:
+        document = mutate_document(document, rng, mutations=rng.choice((1, 1, 2, 4)))
+    return json_text(document, rng)
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise :class:`Finding` when an accepted plan could not be served as it reads."""
+    again = parse_plan_json(plan_to_json(plan))
+    if again != plan:
+        raise Finding("the plan does not read back equal from its own JSON")
+    texts = [zone.name for zone in plan.zones]
+    for zone in plan.zones:
+        texts += [zone.soa.content(), *zone.ns]
+        texts += [f"{record.name} {record.type} {record.content}" for record in zone.records]
+    for pool in plan.pools:
+        texts.append(pool.name)
+        texts += [member.address for member in pool.members]
+    for text in texts:
+        if not text.isascii() or any(char in text for char in "\t\n\r\0"):
+            raise Finding(f"text a DATA line would carry is not clean: {text[:80]!r}")
+    for pool in plan.pools:
+        answers = pool_answers(pool)
+        for family in (answers.v4, answers.v6):
+            if not family:
+                raise Finding(f"pool {pool.name}: an address family without any answer")
+            for answer in family:
+                ids = [member.id for member in answer.members]
+                if len(ids) > pool.k or len(set(ids)) != len(ids):
+                    raise Finding(f"pool {pool.name}: answer {ids} breaks k={pool.k} distinct")
+                if answer.ttl < pool.ttl_floor:
+                    raise Finding(f"pool {pool.name}: TTL {answer.ttl} below the floor")
+                if not answer.fallback and any(
+                    member.state is not MemberState.ACTIVE for member in answer.members
+                ):
+                    raise Finding(f"pool {pool.name}: a member that is not active is answered")
+
+
+class PlanHarness(Harness):
+    name = "plan"
+    boundary = "plan documents at the plan's location (file or Redis), as a pipe backend reads"
+    suite_inputs = 3000
+
+    def one(self, rng: random.Random) -> str:
+        text = hostile_plan_text(rng)
+        try:
+            plan = parse_plan_json(text)
+        except PlanError:
+            return "refused"
+        check_plan(plan)
+        return "accepted"
+
+
+__all__ = ["PlanHarness", "check_plan", "hostile_plan_text", "random_plan_document"]

@@ -1,0 +1,196 @@
+"""The manager against hostile reports and bad data (issue 14): one server's input affects only
+that server's membership; every plan published is one a pipe backend serves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from dnslb.plan import MemberState, parse_plan_json
+from manager.ingest import Rejected
+from manager.service import Manager
+from tests.unit.test_manager import S3_TOKEN, TOKEN, Lab
+
+
+@pytest.fixture(autouse=True)
+def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DNSLB_TEST_AGENT_TOKEN", TOKEN)
+    monkeypatch.setenv("DNSLB_TEST_S3_TOKEN", S3_TOKEN)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Lab:
+    lab = Lab(tmp_path)
+    lab.report_all()
+    assert lab.step() is not None
+    return lab
+
+
+def published(lab: Lab) -> int:
+    plan = parse_plan_json((lab.tmp_path / "plan.json").read_bytes())
+    return plan.version
+
+
+def post(manager: Manager, body: object, token: str = TOKEN) -> Rejected | None:
+    try:
+        manager.ingest.accept(token, json.dumps(body).encode())
+    except Rejected as rejected:
+        return rejected
+    return None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param("in_progress", 10**400, id="huge-in-progress"),
+        pytest.param("max_concurrency", 10**308, id="huge-max"),
+        pytest.param("seq", 2**64, id="seq-past-int64"),
+        pytest.param("served_total", 10**400, id="huge-served"),
+        pytest.param("time", 1e300, id="far-future"),
+        pytest.param("server_id", "s1\t", id="tab-in-id"),
+    ],
+)
+def test_out_of_range_reports_are_refused_and_store_nothing(
+    lab: Lab, field: str, value: object
+) -> None:
+    body = {
+        "server_id": "s1",
+        "seq": 2**62,
+        "time": lab.clock.time(),
+        "in_progress": 1,
+        "max_concurrency": 1,
+        field: value,
+    }
+    rejected = post(lab.manager, body)
+    assert rejected is not None and rejected.status == 422, rejected
+    # Not stored: the real agent's next report (a lower seq) is still accepted.
+    lab.report("s1", 10)
+    before = lab.manager.version
+    lab.report_all(95)  # a real change: every server overloaded
+    lab.step()
+    assert lab.manager.tick_errors == 0
+    assert lab.manager.version > before
+    assert published(lab) == lab.manager.version
+
+
+def test_the_largest_bounded_report_still_gives_a_servable_plan(lab: Lab) -> None:
+    """max_concurrency up to 10^9 for a member without a configured max: its weight is at most
+    10^9, which every pipe backend compiles."""
+    lab.report("s1", 0, max_concurrency=10**9)
+    lab.report("s2", 10**9, max_concurrency=1)
+    lab.report("s3", 10)
+    lab.step()
+    plan = parse_plan_json((lab.tmp_path / "plan.json").read_bytes())
+    weights = {m.id: m.weight for m in plan.pools[0].members}
+    assert weights["s1"] == pytest.approx(1e9, rel=0.01)
+    assert lab.manager.plans_refused == 0
+
+
+def test_a_lone_surrogate_in_an_error_is_kept_readable(lab: Lab) -> None:
+    lab.report("s2", None, error="nginx \ud800 down")
+    lab.step()
+    assert lab.manager.tick_errors == 0
+    assert any("nginx \ufffd down" in event for event in lab.events("state"))
+
+
+def test_one_server_failing_its_assessment_costs_only_itself(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = lab.manager._assess
+
+    def assess(pool, server, now, wall):  # type: ignore[no-untyped-def]
+        if server.id == "s2":
+            raise OverflowError("int too large to convert to float")
+        real(pool, server, now, wall)
+
+    monkeypatch.setattr(lab.manager, "_assess", assess)
+    before = lab.manager.version
+    for _ in range(3):
+        lab.report_all(95)
+        lab.step()
+    assert lab.manager.tick_errors == 0
+    assert lab.manager.part_errors["server"] == 3
+    assert lab.manager.version > before  # the other servers' changes are published
+    assert lab.members()["s1"][0] is MemberState.PAUSED
+
+
+def test_a_member_a_backend_would_refuse_is_left_out_alone(lab: Lab) -> None:
+    """A member id with a tab became active, and the plan holding it was refused by every pipe
+    backend while the manager reported it published."""
+    server = lab.manager.fleet.servers["s2"]
+    lab.manager.fleet.update(server, id="s2\tDATA")
+    lab.report("s1", 10)
+    lab.report("s3", 10)
+    lab.step()
+    assert set(lab.members()) == {"s1", "s3"}
+    assert published(lab) == lab.manager.version
+    assert any("left out of the plan" in event for event in lab.events("left_out"))
+
+
+def test_a_refused_plan_is_not_published_nor_claimed(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import manager.service as service  # noqa: PLC0415
+
+    version = lab.manager.version
+    plan = lab.manager.plan
+    assert plan is not None
+
+    def broken(text: str | bytes) -> object:
+        raise service.PlanError("invalid plan", ["pools[0].members[0].weight: refused"])
+
+    monkeypatch.setattr(service, "parse_plan_json", broken)
+    lab.report_all(95)
+    lab.step()
+    lab.step()
+    assert lab.manager.version == version
+    assert lab.manager.plan is plan
+    assert lab.manager.plans_refused == 2
+    assert published(lab) == version
+    assert len([e for e in lab.events("plan_refused") if "not published" in e]) == 1
+    monkeypatch.undo()
+    lab.report_all(95)
+    lab.step()
+    assert lab.manager.version == version + 1
+    assert published(lab) == version + 1
+    assert lab.manager.plan_problem is None
+
+
+def test_junk_stats_documents_are_skipped(lab: Lab) -> None:
+    stats = lab.tmp_path / ".plan.json.stats"
+    stats.mkdir(exist_ok=True)
+    documents = [
+        {"pools": {"www.example.test": {"s1": ["x", 1]}}},
+        {"pools": {"www.example.test": {"s1": [1e400, 1]}}},
+        {"pools": {"www.example.test": {"s1": [10**400, 1]}}},
+        {"pools": {"www.example.test": {"s1": [True, 1], "s2": [-5, 3]}}},
+        {"pools": {"www.example.test": {"s3": [2, 3]}}},
+    ]
+    for index, document in enumerate(documents):
+        (stats / f"p{index}.json").write_text(json.dumps(document))
+    assert lab.manager.answer_counts() == {"s3": (2, 3)}
+
+
+def test_static_member_addresses_are_kept_in_normal_form(tmp_path: Path) -> None:
+    from tests.unit.test_manager import CONFIG  # noqa: PLC0415
+
+    lab = Lab(tmp_path, CONFIG.replace("10.0.0.3", "2001:DB8::3"))
+    lab.report_all()
+    lab.step()
+    assert {m.address for m in lab.manager.plan.pools[0].members} >= {"2001:db8::3"}  # type: ignore[union-attr]
+
+
+def test_dataclass_replace_keeps_check_cache_honest(lab: Lab) -> None:
+    server = lab.manager.fleet.servers["s1"]
+    lab.manager.fleet.update(server, address="fe80::1%eth0")
+    lab.report_all()
+    lab.step()
+    assert "s1" not in lab.members()
+    lab.manager.fleet.update(server, address="10.0.0.1")
+    lab.report_all()
+    lab.step()
+    assert "s1" in lab.members()
+    assert dataclasses.is_dataclass(server.record)
