@@ -407,6 +407,81 @@ class PoolConfig:
             seen.add(member.id)
 
 
+RUNTIME_PROVIDERS = ("static", "memory", "ec2", "openstack")
+"""Providers a pool made through the API may use unless ``runtime_pools.providers`` says more:
+``local`` runs processes on the manager's host and ``docker`` drives its Docker engine (root on
+the host), so an API token must not reach them unless the operator says so."""
+
+LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimePoolsConfig:
+    """What a pool created or changed through the API may do. A pool in this file may do
+    anything: whoever writes the file owns the host; an admin API token should not."""
+
+    providers: tuple[str, ...] = setting(
+        RUNTIME_PROVIDERS,
+        help="providers API-made pools may use (add local or docker only if admin API tokens "
+        "may run processes or containers on this host)",
+    )
+    file_secrets: bool = setting(
+        False,
+        help="let API-made pools name secrets as file:PATH (read as the manager's user); "
+        "default: env: references only",
+    )
+    link_local_checks: bool = setting(
+        False,
+        help="let API-made pools health-check link-local addresses (169.254.0.0/16, fe80::/10, "
+        "where clouds serve instance metadata and credentials)",
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        known = ("static", "memory", "local", "docker", "ec2", "openstack")
+        for name in self.providers:
+            if name not in known:
+                yield f"providers: {name!r} is not one of {', '.join(known)}"
+
+    def pool_problems(self, pool: PoolConfig) -> Iterator[str]:
+        """Why a pool made through the API may not be as it is (nothing: it may)."""
+        if pool.provider is not None and pool.provider.type not in self.providers:
+            yield (
+                f"provider: {pool.provider.type!r} pools cannot be made through the API "
+                f"(runtime_pools.providers in the manager's configuration allows "
+                f"{', '.join(self.providers)})"
+            )
+        if not self.file_secrets:
+            for path, secret in _secrets(pool, "pool"):
+                if not secret.reference.startswith("env:"):
+                    yield (
+                        f"{path}: pools made through the API name secrets as env:NAME "
+                        "(runtime_pools.file_secrets allows file:)"
+                    )
+        if not self.link_local_checks and pool.health_check is not None:
+            for index, member in enumerate(pool.members):
+                target = ipaddress.ip_address(
+                    (member.check_address or member.address).split("%")[0]
+                )
+                if any(target in network for network in LINK_LOCAL):
+                    yield (
+                        f"members[{index}]: health checks of the link-local address {target} "
+                        "(cloud metadata) are refused for pools made through the API "
+                        "(runtime_pools.link_local_checks allows them)"
+                    )
+
+
+def _secrets(value: object, path: str) -> Iterator[tuple[str, Secret]]:
+    """Every secret reference inside a config object, with its path."""
+    if isinstance(value, Secret):
+        yield path, value
+    elif isinstance(value, tuple):
+        for index, item in enumerate(value):
+            yield from _secrets(item, f"{path}[{index}]")
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from _secrets(getattr(value, name), f"{path}.{name}")
+
+
 @dataclass(frozen=True, slots=True)
 class ManagerConfig:
     """The manager's whole configuration."""
@@ -423,6 +498,10 @@ class ManagerConfig:
     tick: float = setting(1.0, help="seconds between plan rebuilds", min=0.05, max=60.0)
     down_after: float = setting(
         3.0, help="a server whose agent has not reported for this long is down", min=0.1
+    )
+    runtime_pools: RuntimePoolsConfig = setting(
+        default_factory=RuntimePoolsConfig,
+        help="limits of pools created or changed through the API",
     )
 
     def config_problems(self) -> Iterator[str]:

@@ -158,7 +158,8 @@ class Manager:
         self._install_pool(pool, source="api")
 
     def check_new_pool(self, pool: PoolConfig, *, replacing: str | None = None) -> None:
-        """Refuse a pool that does not fit beside the others (zone, name, server ids)."""
+        """Refuse a pool that does not fit beside the others (zone, name, server ids) or does
+        what pools made through the API may not (``runtime_pools`` in the configuration)."""
         problems = []
         zones = {zone.name for zone in self.zones}
         if normalize(pool.zone) not in zones:
@@ -174,6 +175,7 @@ class Manager:
                 problems.append(
                     f"members[{index}].id: {member.id!r} is a server of pool {owner.record.pool!r}"
                 )
+        problems += self.config.runtime_pools.pool_problems(pool)
         if problems:
             raise ConfigError("invalid pool", problems)
 

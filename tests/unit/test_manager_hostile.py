@@ -194,3 +194,65 @@ def test_dataclass_replace_keeps_check_cache_honest(lab: Lab) -> None:
     lab.step()
     assert "s1" in lab.members()
     assert dataclasses.is_dataclass(server.record)
+
+
+# -- what an admin API token may do with pools (runtime_pools) -------------------------------
+
+
+def api_pool(text: str) -> object:
+    from dnslb.config import parse_config  # noqa: PLC0415
+    from manager.config import PoolConfig  # noqa: PLC0415
+
+    return parse_config(text, PoolConfig, source="API body")
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        pytest.param(
+            '{"name": "api", "zone": "example.test", "provider": '
+            '{"type": "local", "origin": "http://127.0.0.1:8000"}}',
+            "'local' pools cannot be made through the API",
+            id="local-provider",
+        ),
+        pytest.param(
+            '{"name": "api", "zone": "example.test", "members": '
+            '[{"id": "m1", "address": "10.1.0.1", "token": "file:/etc/hostname"}]}',
+            "pool.members[0].token: pools made through the API name secrets as env:NAME",
+            id="file-secret",
+        ),
+        pytest.param(
+            '{"name": "api", "zone": "example.test", "health_check": {"type": "tcp", "port": 80},'
+            ' "members": [{"id": "m1", "address": "10.1.0.1",'
+            ' "check_address": "169.254.169.254"}]}',
+            "health checks of the link-local address 169.254.169.254",
+            id="metadata-check",
+        ),
+    ],
+)
+def test_api_pools_cannot_reach_the_managers_host(lab: Lab, body: str, problem: str) -> None:
+    from dnslb.errors import ConfigError  # noqa: PLC0415
+
+    with pytest.raises(ConfigError) as caught:
+        lab.manager.add_pool(api_pool(body))  # type: ignore[arg-type]
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+    assert "api" not in lab.manager.fleet.pools
+
+
+def test_the_operator_may_open_runtime_pools_up(tmp_path: Path) -> None:
+    from tests.unit.test_manager import CONFIG  # noqa: PLC0415
+
+    opened = CONFIG + (
+        "runtime_pools: {providers: [static, local], file_secrets: true, link_local_checks: true}\n"
+    )
+    token = tmp_path / "m1.token"
+    token.write_text("a-token-of-m1-000000")
+    lab = Lab(tmp_path, opened)
+    lab.manager.add_pool(
+        api_pool(  # type: ignore[arg-type]
+            '{"name": "api", "zone": "example.test", "health_check": {"type": "tcp", "port": 80},'
+            f' "members": [{{"id": "m1", "address": "10.1.0.1", "token": "file:{token}",'
+            ' "check_address": "169.254.169.254"}]}'
+        )
+    )
+    assert "api" in lab.manager.fleet.pools
