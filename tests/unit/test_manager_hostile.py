@@ -256,3 +256,26 @@ def test_the_operator_may_open_runtime_pools_up(tmp_path: Path) -> None:
         )
     )
     assert "api" in lab.manager.fleet.pools
+
+
+@pytest.mark.parametrize(
+    ("member", "problem"),
+    [
+        pytest.param('{"id": "a\\tb", "address": "10.0.0.9"}', "id: holds the control", id="tab"),
+        pytest.param(
+            '{"id": "m", "address": "fe80::1%\\nDATA"}', "not an IP address", id="scope-newline"
+        ),
+        pytest.param('{"id": "m", "address": "fe80::1%eth0"}', "carry no %scope", id="scoped"),
+        pytest.param(
+            '{"id": "m", "address": "10.0.0.9", "check_address": "fe80::1%\\u00e9"}',
+            "check_address: holds the non-ASCII",
+            id="check-scope-utf8",
+        ),
+    ],
+)
+def test_members_a_backend_would_refuse_never_enter(lab: Lab, member: str, problem: str) -> None:
+    from dnslb.errors import ConfigError  # noqa: PLC0415
+
+    with pytest.raises(ConfigError) as caught:
+        api_pool(f'{{"name": "api", "zone": "example.test", "members": [{member}]}}')
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
