@@ -141,6 +141,12 @@ class StateConfig:
     """Durable state."""
 
     path: str = setting("state.db", help="SQLite database (relative to the config file)")
+    events_max_age: float = setting(
+        2592000.0, help="seconds events are kept (30 days)", min=1.0, max=1e10
+    )
+    events_max_rows: int = setting(
+        1000000, help="events kept at most (the oldest are deleted first)", min=1, max=10**12
+    )
 
 
 @dataclass(frozen=True, slots=True)

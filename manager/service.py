@@ -66,7 +66,12 @@ class Manager:
         self.config = loaded.config
         self.clock = clock or SystemClock()
         self.zones = plan_zones(self.config.zones)
-        self.store = StateStore(loaded.path(self.config.state.path))
+        state = self.config.state
+        self.store = StateStore(
+            loaded.path(state.path),
+            events_max_age=state.events_max_age,
+            events_max_rows=state.events_max_rows,
+        )
         self.publisher = publisher or _plan_store(loaded)
         self.fleet = Fleet(self.store, self.config.auth.agent_token)
         self.health = HealthChecker(self.fleet)

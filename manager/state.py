@@ -2,16 +2,32 @@
 
 A restarted manager reads everything back and continues: the plan version goes on from where it
 was, servers keep their lifecycle state and admin flags, slow start continues from when a server
-started serving, and the event log keeps growing. Writes happen on state changes, not per report
+started serving, and the event log goes on. Writes happen on state changes, not per report
 or tick, so the synchronous ``sqlite3`` module on the event loop costs little (WAL journal,
 ``synchronous=NORMAL``).
+
+**Private files.** The database holds token hashes and admin flags: it is created mode 0600
+(SQLite gives its ``-wal`` and ``-shm`` files the database's mode), and so is its directory when
+the store creates it. A database found with group or other permissions is tightened to 0600, with
+one warning.
+
+**A bounded event log.** Events older than ``events_max_age`` seconds (30 days) and all but the
+newest ``events_max_rows`` (1,000,000) are deleted. Pruning is cheap and occasional: every
+``prune_every`` inserts or ``prune_interval`` seconds of event time, whichever comes first, at most
+:data:`PRUNE_CHUNK` rows at a time (a store far behind catches up over the next inserts, never in
+one long stall of the event loop), through indexes only. Age is measured from the newest event's
+time, the manager's own clock, so that a store never mixes clocks (a test's fake clock, say).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
+import os
 import sqlite3
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +35,21 @@ from typing import Any
 
 from dnslb.model import Event, ServerState
 
+log = logging.getLogger("dnslb.manager.state")
+
 SCHEMA_VERSION = 1
+
+EVENTS_MAX_AGE = 30 * 86400.0
+"""Default: seconds an event is kept."""
+EVENTS_MAX_ROWS = 1_000_000
+"""Default: events kept at most."""
+PRUNE_EVERY = 1000
+"""Default: inserts between two prunes."""
+PRUNE_INTERVAL = 60.0
+"""Default: seconds of event time between two prunes."""
+PRUNE_CHUNK = 5000
+"""Rows one prune deletes at most (tens of milliseconds at a million rows: see
+bench/state_events.py)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -60,6 +90,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_pool ON events (pool, id);
 CREATE INDEX IF NOT EXISTS events_server ON events (server, id);
+CREATE INDEX IF NOT EXISTS events_time ON events (time);
 """
 
 
@@ -86,11 +117,40 @@ class ServerRecord:
 
 
 class StateStore:
-    """The manager's SQLite database."""
+    """The manager's SQLite database (see the module docstring for its files and event log).
 
-    def __init__(self, path: str | Path) -> None:
+    ``events_max_age`` (seconds, 1 to 10**10) and ``events_max_rows`` (1 to 10**12) bound the
+    event log; ``prune_every`` (inserts, at least 1) and ``prune_interval`` (seconds, finite, at
+    least 0) say how often it is pruned. A value out of range raises ``ValueError``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        events_max_age: float = EVENTS_MAX_AGE,
+        events_max_rows: int = EVENTS_MAX_ROWS,
+        prune_every: int = PRUNE_EVERY,
+        prune_interval: float = PRUNE_INTERVAL,
+    ) -> None:
+        if not (isinstance(events_max_age, int | float) and 1 <= events_max_age <= 1e10):
+            raise ValueError(f"events_max_age must be 1 to 1e10 seconds, not {events_max_age!r}")
+        if not (isinstance(events_max_rows, int) and 1 <= events_max_rows <= 10**12):
+            raise ValueError(f"events_max_rows must be 1 to 10**12, not {events_max_rows!r}")
+        if not (isinstance(prune_every, int) and prune_every >= 1):
+            raise ValueError(f"prune_every must be at least 1, not {prune_every!r}")
+        if not (isinstance(prune_interval, int | float) and 0 <= prune_interval < math.inf):
+            raise ValueError(f"prune_interval must be finite and >= 0, not {prune_interval!r}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.events_max_age = float(events_max_age)
+        self.events_max_rows = events_max_rows
+        self.prune_every = prune_every
+        self.prune_interval = float(prune_interval)
+        self._inserts = 0  # since the last prune
+        self._newest = -math.inf  # the newest event time seen
+        self._pruned_at = -math.inf  # the event time of the last prune
+        self._behind = False  # the last prune stopped at PRUNE_CHUNK rows
+        self._make_private()
         self._db = sqlite3.connect(self.path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -105,6 +165,41 @@ class StateStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def _make_private(self) -> None:
+        """Create the database (and its directory) readable by its owner only, and tighten
+        one found readable by others, with one warning."""
+        parent = self.path.parent
+        if not parent.exists():
+            parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(parent, 0o700)
+        tightened, failed = [], []
+        for path in (self.path, *(Path(f"{self.path}{end}") for end in ("-wal", "-shm"))):
+            try:
+                mode = stat.S_IMODE(os.stat(path).st_mode)
+            except FileNotFoundError:
+                continue
+            if mode & 0o077:
+                try:
+                    os.chmod(path, 0o600)
+                except OSError as exc:
+                    failed.append(f"{path} ({mode:04o}: {exc.strerror})")
+                else:
+                    tightened.append(f"{path} (was {mode:04o})")
+        if tightened:
+            log.warning(
+                "the state database holds token hashes and admin flags and was readable by "
+                "other users; tightened to 0600: %s",
+                ", ".join(tightened),
+            )
+        if failed:
+            log.warning(
+                "the state database is readable by other users and could not be tightened: %s",
+                ", ".join(failed),
+            )
+        # Created here, 0600, before SQLite opens it: SQLite would create it 0644 (under the
+        # usual umask), and it gives its -wal and -shm files the database's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -215,10 +310,20 @@ class StateStore:
     # -- events -------------------------------------------------------------------------------
 
     def add_event(self, event: Event) -> Event:
+        """Store ``event`` (and now and then prune old ones); the event with its id."""
         cursor = self._db.execute(
             "INSERT INTO events (time, pool, server, kind, reason) VALUES (?, ?, ?, ?, ?)",
             (event.time, event.pool, event.server, event.kind, event.reason),
         )
+        if math.isfinite(event.time):
+            self._newest = max(self._newest, event.time)
+        self._inserts += 1
+        if (
+            self._behind
+            or self._inserts >= self.prune_every
+            or self._newest - self._pruned_at >= self.prune_interval
+        ):
+            self.prune_events()
         return Event(
             time=event.time,
             kind=event.kind,
@@ -227,6 +332,33 @@ class StateStore:
             server=event.server,
             id=cursor.lastrowid,
         )
+
+    def prune_events(self, now: float | None = None, *, limit: int = PRUNE_CHUNK) -> int:
+        """Delete up to ``limit`` events among those older than ``events_max_age`` before
+        ``now`` (default: the newest event's time) or beyond the newest ``events_max_rows``,
+        oldest first; the number deleted. Both lookups go through indexes (ids, times)."""
+        if now is None:
+            newest = self._db.execute("SELECT MAX(time) FROM events").fetchone()[0]
+            now = max(self._newest, newest if newest is not None else -math.inf)
+        self._inserts = 0
+        self._pruned_at = now
+        deleted = 0
+        newest_id = self._db.execute("SELECT MAX(id) FROM events").fetchone()[0]
+        if newest_id is not None and newest_id > self.events_max_rows:
+            # ids grow by one per event: every id up to newest - max_rows is beyond the newest
+            # max_rows events (with gaps, a few more go).
+            deleted += self._db.execute(
+                "DELETE FROM events WHERE id IN "
+                "(SELECT id FROM events WHERE id <= ? ORDER BY id LIMIT ?)",
+                (newest_id - self.events_max_rows, limit),
+            ).rowcount
+        if math.isfinite(now) and deleted < limit:
+            deleted += self._db.execute(
+                "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE time < ? LIMIT ?)",
+                (now - self.events_max_age, limit - deleted),
+            ).rowcount
+        self._behind = deleted >= limit
+        return deleted
 
     def count_events(self, *, pool: str | None = None, kinds: Iterable[str] = ()) -> int:
         clauses, params = self._event_filter(pool=pool, server=None, kinds=kinds, before_id=None)

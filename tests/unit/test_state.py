@@ -1,0 +1,181 @@
+"""The state database: private files (0600, whatever the umask) and a bounded event log."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dnslb.model import Event
+from manager.state import PRUNE_CHUNK, StateStore
+
+T0 = 1_700_000_000.0
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def event(time: float, number: int = 0) -> Event:
+    return Event(time=time, kind="test", reason=f"event {number}", pool="www", server="s1")
+
+
+def times(store: StateStore) -> list[float]:
+    return sorted(e.time for e in store.events(limit=10**9))
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """The most permissive umask: files are as private as the code makes them, not the umask."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+# -- private files -----------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("open_umask")
+def test_a_new_database_its_journal_files_and_its_new_directory_are_private(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "var" / "dnslb" / "state.db"
+    store = StateStore(path)
+    store.add_event(event(T0))  # the WAL and shared-memory files exist once written
+    try:
+        files = {p.name: mode(p) for p in path.parent.iterdir()}
+        assert files == {"state.db": 0o600, "state.db-wal": 0o600, "state.db-shm": 0o600}
+        assert mode(path.parent) == 0o700
+    finally:
+        store.close()
+
+
+def test_an_existing_directory_keeps_its_mode(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o755)
+    StateStore(tmp_path / "state.db").close()
+    assert mode(tmp_path) == 0o755
+    assert mode(tmp_path / "state.db") == 0o600
+
+
+def test_a_database_readable_by_others_is_tightened_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.db"
+    db = sqlite3.connect(path)  # as an earlier dnslb made it: 0644, open with its WAL file
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t (x)")
+        db.commit()
+        os.chmod(path, 0o644)
+        os.chmod(tmp_path / "state.db-wal", 0o666)
+        with caplog.at_level(logging.WARNING, logger="dnslb.manager.state"):
+            store = StateStore(path)
+            store.add_event(event(T0))
+            store.close()
+            StateStore(path).close()  # already private: no second warning
+    finally:
+        db.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "tightened to 0600" in warnings[0]
+    assert "state.db (was 0644)" in warnings[0]
+    assert "state.db-wal (was 0666)" in warnings[0]
+    assert mode(path) == 0o600
+    assert all(mode(p) == 0o600 for p in tmp_path.iterdir() if p.name.startswith("state.db"))
+
+
+# -- a bounded event log -----------------------------------------------------------------------
+
+
+def test_the_oldest_events_beyond_the_row_limit_are_deleted(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db", events_max_rows=100, prune_every=10)
+    with store.batch():
+        for number in range(1000):
+            store.add_event(event(T0, number))
+    kept = store.events(limit=10**9)
+    assert 100 <= len(kept) <= 110  # pruned every 10 inserts
+    assert kept[0].reason == "event 999"  # the newest are kept, the oldest go
+    assert {e.reason for e in kept} == {f"event {n}" for n in range(1000 - len(kept), 1000)}
+
+
+def test_events_older_than_the_age_limit_are_deleted(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db", events_max_age=3600, prune_interval=60)
+    for minute in range(180):  # three hours, one event a minute
+        store.add_event(event(T0 + 60 * minute, minute))
+    newest = T0 + 60 * 179
+    kept = times(store)
+    # Pruned once a minute of event time: at most a minute more than the limit is left.
+    assert kept[0] >= newest - 3600 - 60
+    assert kept == [T0 + 60 * m for m in range(180) if T0 + 60 * m >= kept[0]]
+    assert len(kept) >= 60
+
+
+def test_pruning_is_occasional_not_on_every_insert(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db", events_max_rows=10, prune_every=1000)
+    store.add_event(event(T0, 0))  # the first insert prunes (there is nothing to prune)
+    for number in range(1, 1000):  # one instant: no prune is due by time either
+        store.add_event(event(T0, number))
+    assert store.count_events() == 1000  # 999 inserts, no prune
+    store.add_event(event(T0, 1000))  # the 1000th insert since the last prune
+    assert store.count_events() == 10
+
+
+def test_a_store_far_behind_catches_up_in_bounded_steps(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    big = StateStore(path)
+    with big.batch():
+        for number in range(PRUNE_CHUNK + 500):
+            big.add_event(event(T0, number))
+    big.close()
+    store = StateStore(path, events_max_rows=100)
+    assert store.prune_events(limit=300) == 300  # never more than asked
+    store.add_event(event(T0, -1))  # a prune: at most PRUNE_CHUNK rows
+    assert store.count_events() == PRUNE_CHUNK + 500 + 1 - 300 - PRUNE_CHUNK
+    store.add_event(event(T0, -2))  # behind: the next insert prunes again
+    assert store.count_events() == 100
+    assert store.prune_events() == 0
+
+
+def test_age_is_measured_on_the_events_own_clock(tmp_path: Path) -> None:
+    """Events stamped by a fake clock years ago are not 'old' to a store: only the newest event's
+    time counts, never the machine's clock."""
+    store = StateStore(tmp_path / "state.db", events_max_age=3600, prune_every=1)
+    for number in range(5):
+        store.add_event(event(1000.0 + number, number))
+    assert store.count_events() == 5
+    store.add_event(event(1000.0 + 7200, 5))
+    assert times(store) == [8200.0]
+
+
+def test_an_empty_store_prunes_nothing(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    assert store.prune_events() == 0
+    assert store.prune_events(now=T0) == 0
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({"events_max_age": math.nan}, id="nan age"),
+        pytest.param({"events_max_age": math.inf}, id="infinite age"),
+        pytest.param({"events_max_age": 0}, id="zero age"),
+        pytest.param({"events_max_rows": 0}, id="no rows"),
+        pytest.param({"events_max_rows": 10**13}, id="too many rows"),
+        pytest.param({"events_max_rows": 1.5}, id="fractional rows"),
+        pytest.param({"prune_every": 0}, id="never prune"),
+        pytest.param({"prune_interval": math.inf}, id="infinite interval"),
+        pytest.param({"prune_interval": -1}, id="negative interval"),
+    ],
+)
+def test_limits_out_of_range_are_refused(tmp_path: Path, settings: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        StateStore(tmp_path / "state.db", **settings)  # type: ignore[arg-type]
+    assert not (tmp_path / "state.db").exists()
