@@ -397,8 +397,10 @@ def fuzz_harness(name: str) -> Harness:
 
 def _fuzz(args: argparse.Namespace) -> int:
     import random  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
 
-    from dnslb.fuzzing import run  # noqa: PLC0415
+    from dnslb.fuzzing import Failure, RunResult, run  # noqa: PLC0415
 
     if args.list:
         for name in FUZZ_HARNESSES:
@@ -414,26 +416,42 @@ def _fuzz(args: argparse.Namespace) -> int:
     seconds = args.seconds
     if args.inputs is None and seconds is None:
         seconds = 60.0
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())  # Ctrl-C: the summary so far
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     status = 0
     for name in names:
+        shown: list[Failure] = []
+
+        def show(result: RunResult, name: str = name, shown: list[Failure] = shown) -> None:
+            for failure in result.failures[len(shown) : 5]:
+                shown.append(failure)
+                print(
+                    f"  {failure.kind} at input {failure.index} (again: dnslb fuzz {name} "
+                    f"--seed {seed} --start {failure.index} --inputs 1):\n"
+                    + "\n".join(f"    {line}" for line in failure.detail.splitlines()[-12:]),
+                    flush=True,
+                )
+
+        def progress(result: RunResult, show: Callable[[RunResult], None] = show) -> None:
+            print(result.summary(), file=sys.stderr, flush=True)
+            show(result)
+
         result = run(
             fuzz_harness(name),
             seed=seed,
             inputs=args.inputs,
             seconds=seconds,
             start=args.start,
-            progress=lambda partial: print(partial.summary(), file=sys.stderr, flush=True),
+            progress=progress,
+            stop=stop,
         )
         print(result.summary(), flush=True)
-        for failure in result.failures[:5]:
-            print(
-                f"  {failure.kind} at input {failure.index} (again: dnslb fuzz {name} "
-                f"--seed {seed} --start {failure.index} --inputs 1):\n"
-                + "\n".join(f"    {line}" for line in failure.detail.splitlines()[-12:]),
-                flush=True,
-            )
+        show(result)
         if not result.ok:
             status = 1
+        if stop.is_set():
+            break
     return status
 
 

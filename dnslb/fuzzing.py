@@ -58,6 +58,8 @@ class Harness(ABC):
     boundary: str = ""  # one line: what crosses it, who may send it
     deadline: float = 2.0  # seconds one input may take before it counts as a hang
     suite_inputs: int = 2000  # inputs the test suite runs (fixed seed): a few seconds' worth
+    unit: str = ""  # what an input holds several of ("request lines"), counted in ``units``
+    units: int = 0
 
     def open(self) -> None:  # noqa: B027 - optional hook
         """Prepare a run (called once before the first input)."""
@@ -92,6 +94,7 @@ class RunResult:
     outcomes: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     failures_total: int = 0
+    units: str = ""  # e.g. "52,000 request lines": what the inputs held
 
     def count(self, kind: str) -> int:
         return sum(1 for failure in self.failures if failure.kind == kind)
@@ -107,9 +110,10 @@ class RunResult:
         for failure in self.failures:
             kinds[failure.kind] += 1
         outcomes = ", ".join(f"{label} {n}" for label, n in sorted(self.outcomes.items()))
+        held = f" ({self.units})" if self.units else ""
         return (
-            f"{self.name}: {self.inputs} inputs in {self.seconds:.1f} s ({rate:,.0f}/s), seed "
-            f"{self.seed}: {kinds['crash']} crashes, {kinds['hang']} hangs, "
+            f"{self.name}: {self.inputs} inputs{held} in {self.seconds:.1f} s ({rate:,.0f}/s), "
+            f"seed {self.seed}: {kinds['crash']} crashes, {kinds['hang']} hangs, "
             f"{kinds['malformed']} malformed [{outcomes}]"
         )
 
@@ -132,9 +136,10 @@ def run(
     start: int = 0,
     stop_on_failure: bool = False,
     progress: Callable[[RunResult], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> RunResult:
     """Run ``harness`` from input ``start`` until ``inputs`` inputs or ``seconds`` have passed
-    (whichever comes first; at least one of them must be given)."""
+    (whichever comes first; at least one of them must be given), or ``stop`` is set."""
     if inputs is None and seconds is None:
         raise ValueError("give inputs, seconds or both")
     result = RunResult(name=harness.name, seed=seed)
@@ -148,6 +153,8 @@ def run(
     try:
         index = start
         while (inputs is None or result.inputs < inputs) and time.monotonic() < end:
+            if stop is not None and stop.is_set():
+                break
             swallowed.records.clear()
             failure = _one(harness, index, seed)
             if not isinstance(failure, Failure) and swallowed.records:
@@ -162,6 +169,8 @@ def run(
             else:
                 result.outcomes[failure] = result.outcomes.get(failure, 0) + 1
             index += 1
+            if harness.unit:
+                result.units = f"{harness.units:,} {harness.unit}"
             if progress is not None and time.monotonic() >= next_progress:
                 result.seconds = time.monotonic() - began
                 progress(result)
@@ -416,7 +425,10 @@ def mutate_bytes(data: bytes, rng: random.Random, *, mutations: int = 1) -> byte
 def json_text(document: object, rng: random.Random) -> bytes:
     """``document`` as JSON text the way a hostile writer might send it: NaN and Infinity as
     Python writes them, non-ASCII escaped or raw (lone surrogates escaped), sometimes mutated."""
-    text = json.dumps(document, ensure_ascii=rng.random() < 0.5, allow_nan=True)
+    try:
+        text = json.dumps(document, ensure_ascii=rng.random() < 0.5, allow_nan=True)
+    except RecursionError:  # nested deeper than json can write: send it deep as text
+        return deep_json(2000).encode()
     data = text.encode("utf-8", "surrogatepass")
     if rng.random() < 0.2:
         data = mutate_bytes(data, rng, mutations=rng.choice((1, 3)))

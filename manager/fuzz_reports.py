@@ -74,6 +74,7 @@ class ReportHarness(Harness):
     name = "reports"
     boundary = "POST /v1/reports bodies from agents (any token holder), through ingest and ticks"
     suite_inputs = 300
+    unit = "report bodies"
     deadline = 5.0
 
     def open(self) -> None:
@@ -114,6 +115,7 @@ class ReportHarness(Harness):
             token = rng.choice((TOKEN, TOKEN, OWN_TOKEN, "wrong", ""))
             if server == "s3" and rng.random() < 0.8:
                 token = OWN_TOKEN
+            self.units += 1
             try:
                 manager.ingest.accept(token, body)
                 accepted += 1

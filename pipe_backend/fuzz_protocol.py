@@ -167,6 +167,7 @@ class ProtocolHarness(Harness):
     name = "pipe-protocol"
     boundary = "request lines on the pipe from PowerDNS, against any plan the parser accepts"
     suite_inputs = 1500
+    unit = "request lines"
 
     def one(self, rng: random.Random) -> str:
         plan = _plan(rng)
@@ -182,6 +183,7 @@ class ProtocolHarness(Harness):
         sent = data.split(b"\n")
         if sent[-1] == b"":
             sent.pop()
+        self.units += len(sent)
         replies = _replies(output)
         if len(replies) != len(sent):
             raise Finding(f"{len(sent)} requests got {len(replies)} replies")
