@@ -6,8 +6,8 @@ With ``--baseline REV`` a second pdns runs the pipe backend of another git revis
 in a temporary worktree) beside this tree's, in the same rounds: before the plan was loaded off
 the query path, every poll of a stopped Redis cost a query its whole client timeout.
 
-    .venv/bin/python bench/redis_outage.py                      # about a minute
-    .venv/bin/python bench/redis_outage.py --baseline cc8ffc1   # and the revision before
+    .venv/bin/python -m bench.redis_outage                      # about a minute
+    .venv/bin/python -m bench.redis_outage --baseline cc8ffc1   # and the revision before
 
 Needs pdns_server (pipe backend), redis-server and dnsperf. Every process it starts is stopped,
 also on Ctrl-C; the worktree is removed.

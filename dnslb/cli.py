@@ -56,7 +56,12 @@ def _pipe_backend(args: argparse.Namespace) -> int:
     import random  # noqa: PLC0415
 
     from dnslb.errors import ConfigError  # noqa: PLC0415
-    from dnslb.plan_store import FilePlanStore, last_good_store, open_store  # noqa: PLC0415
+    from dnslb.plan_store import (  # noqa: PLC0415
+        FilePlanStore,
+        last_good_store,
+        open_store,
+        read_regular_file,
+    )
     from pipe_backend.backend import PipeBackend  # noqa: PLC0415
 
     logging.basicConfig(
@@ -67,12 +72,16 @@ def _pipe_backend(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed) if args.seed is not None else random.Random()
     password = None
     if args.redis_password_file:
-        try:
-            with open(args.redis_password_file) as handle:
-                password = handle.read().strip()
+        try:  # a regular file of at most 4 KiB: a FIFO there must not block the coprocess
+            raw = read_regular_file(args.redis_password_file, 4096)
+            password = raw.decode("utf-8").strip()
         except OSError as exc:
             raise ConfigError(
                 "pipe backend", [f"{args.redis_password_file}: {exc.strerror}"]
+            ) from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                "pipe backend", [f"{args.redis_password_file}: not UTF-8 text"]
             ) from None
     store = open_store(args.plan, password=password)
     last_good = FilePlanStore(args.last_good) if args.last_good else last_good_store(store)
@@ -94,11 +103,13 @@ def _pdns_config(args: argparse.Namespace) -> int:
     from dnslb.pdns import PdnsSettings, render_config  # noqa: PLC0415
 
     plan = args.plan if "://" in args.plan else str(Path(args.plan).resolve())
+    password_file = args.redis_password_file
     settings = PdnsSettings(
         plan=plan,
         address=args.address,
         port=args.port,
         threads=args.threads,
+        redis_password_file=str(Path(password_file).resolve()) if password_file else None,
     )
     sys.stdout.write(render_config(settings, args.socket_dir))
     return 0
@@ -501,6 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
     pdns.add_argument("--port", type=int, default=53, help="port pdns listens on (default 53)")
     pdns.add_argument("--threads", type=int, default=2, help="distributor threads (default 2)")
     pdns.add_argument("--socket-dir", default="/run/pdns", help="pdns control socket directory")
+    pdns.add_argument(
+        "--redis-password-file",
+        default=None,
+        metavar="FILE",
+        help="file holding the password of a redis:// plan, given to the pipe backend by path "
+        "(a password in the URL is refused: pdns's pipe-command is visible in ps)",
+    )
     pdns.set_defaults(handler=_pdns_config)
 
     agent = commands.add_parser(

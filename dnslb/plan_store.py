@@ -5,13 +5,26 @@ The manager calls :meth:`PlanStore.publish`; every pipe backend polls :meth:`Pla
 (cheap: a ``stat`` of a file, or one small key) and calls :meth:`PlanStore.read` only when the
 stamp changed. Publishing is atomic: a reader sees the old plan or the new one, never a mix.
 
+What a store holds is read as hostile input: reading never hangs and never takes more memory
+than its limit. A plan is at most ``max_plan_bytes`` (:data:`MAX_PLAN_BYTES` by default, the
+writer refuses to publish a larger one); a file store reads only a regular file (a FIFO, a
+device or a directory at the plan's path is refused without blocking); the Redis store reads
+the stamp with a short deadline and the plan with a longer one (:mod:`dnslb.resp` bounds every
+reply). Statistics documents are skipped, never raised, when they are not what a pipe backend
+writes: not a regular file, too large, not JSON, nested too deep, not an object, or (in Redis,
+where no file time tells) without a finite ``written_at``.
+
 Only the standard library is used here: the pipe backend imports this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import math
 import os
+import stat
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -21,11 +34,29 @@ from typing import Any
 
 from dnslb.errors import ConfigError
 from dnslb.plan import Plan, parse_plan_json, plan_to_json
-from dnslb.resp import RedisAddress, RedisConnection, RedisError
+from dnslb.resp import (
+    SMALL_LIMITS,
+    RedisAddress,
+    RedisConnection,
+    RedisError,
+    RespLimits,
+    redact_url,
+)
+
+MAX_PLAN_BYTES = 64 * 1024 * 1024
+"""The largest plan a store reads or publishes by default (a plan of 100,000 members is tens
+of MB of JSON)."""
+MAX_STATS_BYTES = 16 * 1024 * 1024
+"""The largest statistics document read (one pipe backend's answer counts)."""
+MAX_STATS_DOCUMENTS = 10_000
+"""The most statistics documents read at once (one per pipe backend seen within max_age)."""
 
 
 class PlanStore(ABC):
     """A place plans are published to and read from."""
+
+    max_plan_bytes: int = MAX_PLAN_BYTES
+    """The largest plan text read or published: a larger one is refused by both sides."""
 
     @abstractmethod
     def describe(self) -> str:
@@ -36,7 +67,8 @@ class PlanStore(ABC):
 
     @abstractmethod
     def publish(self, plan: Plan, *, durable: bool = True) -> None:
-        """Make ``plan`` the current plan, atomically (and on stable storage if ``durable``)."""
+        """Make ``plan`` the current plan, atomically (and on stable storage if ``durable``).
+        Raises ``OSError`` (``EFBIG`` for a plan larger than ``max_plan_bytes``)."""
 
     @abstractmethod
     def stamp(self) -> Hashable | None:
@@ -52,33 +84,42 @@ class PlanStore(ABC):
 
     @abstractmethod
     def read_stats(self, max_age: float = 86400.0) -> list[dict[str, Any]]:
-        """Every reader's statistics written within ``max_age`` seconds (older ones are dropped)."""
+        """Every reader's statistics written within ``max_age`` seconds (older ones are dropped).
+        Never raises: an unreadable store gives ``[]``, an unreadable document is skipped. The
+        documents are JSON objects and nothing more is checked: the caller validates them."""
+
+    def _plan_text(self, plan: Plan) -> bytes:
+        text = plan_to_json(plan).encode("utf-8")
+        if len(text) > self.max_plan_bytes:
+            raise OSError(
+                errno.EFBIG,
+                f"plan v{plan.version} is {len(text)} bytes, more than readers accept "
+                f"({self.max_plan_bytes})",
+                self.describe(),
+            )
+        return text
 
 
 class FilePlanStore(PlanStore):
-    """A plan in a JSON file, replaced by write + fsync + rename."""
+    """A plan in a JSON file, replaced by write + fsync + rename.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    The file is written 0644 (readers may run as another user), through a fresh temporary
+    name (never a name an existing file or symlink holds). Reading refuses anything but a
+    regular file of at most ``max_plan_bytes``, without blocking on a FIFO.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_plan_bytes: int = MAX_PLAN_BYTES
+    ) -> None:
         self.path = Path(path)
+        self.max_plan_bytes = max_plan_bytes
 
     def describe(self) -> str:
         return str(self.path)
 
     def publish(self, plan: Plan, *, durable: bool = True) -> None:
-        text = plan_to_json(plan).encode("utf-8")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(text)
-                handle.flush()
-                if durable:
-                    os.fsync(handle.fileno())
-            os.chmod(temp, 0o644)
-            os.replace(temp, self.path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+        text = self._plan_text(plan)
+        _write_file(self.path, text, durable=durable)
 
     def stamp(self) -> Hashable | None:
         try:
@@ -88,7 +129,7 @@ class FilePlanStore(PlanStore):
         return (info.st_ino, info.st_mtime_ns, info.st_size)
 
     def read(self) -> Plan:
-        return parse_plan_json(self.path.read_bytes())
+        return parse_plan_json(read_regular_file(self.path, self.max_plan_bytes))
 
     @property
     def stats_dir(self) -> Path:
@@ -96,42 +137,163 @@ class FilePlanStore(PlanStore):
 
     def write_stats(self, name: str, document: dict[str, Any]) -> None:
         self.stats_dir.mkdir(exist_ok=True)
-        target = self.stats_dir / f"{name}.json"
-        temp = target.with_name(f".{target.name}.tmp")
-        temp.write_text(json.dumps(document, separators=(",", ":")))
-        os.replace(temp, target)
+        text = json.dumps(document, separators=(",", ":")).encode("utf-8")
+        _write_file(self.stats_dir / f"{name}.json", text, durable=False)
 
     def read_stats(self, max_age: float = 86400.0) -> list[dict[str, Any]]:
         documents = []
         now = time.time()
+        budget = max(self.max_plan_bytes, MAX_STATS_BYTES)  # bytes read in all
         try:
-            entries = list(self.stats_dir.glob("*.json"))
+            with os.scandir(self.stats_dir) as entries:
+                names = [
+                    entry.name
+                    for entry, _ in zip(entries, range(MAX_STATS_DOCUMENTS), strict=False)
+                    if entry.name.endswith(".json") and not entry.name.startswith(".")
+                ]
         except OSError:
             return []
-        for path in entries:
+        for name in names:
+            if budget <= 0:
+                break
+            path = self.stats_dir / name
             try:
-                if now - path.stat().st_mtime > max_age:
+                info = os.stat(path)
+                if not stat.S_ISREG(info.st_mode) or info.st_size > min(budget, MAX_STATS_BYTES):
+                    continue
+                if now - info.st_mtime > max_age:
                     path.unlink(missing_ok=True)  # a coprocess long gone
                     continue
-                document = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue  # vanished or half-written: the next read will have it
-            if isinstance(document, dict):
+                raw = read_regular_file(path, min(budget, MAX_STATS_BYTES))
+            except OSError:
+                continue  # vanished, or not a file a pipe backend writes
+            budget -= len(raw)
+            document = _stats_document(raw)
+            if document is not None:
                 documents.append(document)
         return documents
+
+
+def read_regular_file(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed), at most ``limit`` of them.
+
+    Never blocks and never reads more than ``limit + 1`` bytes: a FIFO, a device, a socket or
+    a directory is refused before it is read (``EINVAL``), a larger file with ``EFBIG``.
+    """
+    _check_regular(os.stat(path), path)  # refused before open(): opening a device can act
+    # O_NONBLOCK: if a FIFO is put there between stat and open, opening it does not wait for
+    # a writer (and fstat refuses it).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        _check_regular(info, path)
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        chunks = []
+        total = 0
+        while total <= limit:  # the file may grow after fstat: read at most limit + 1
+            chunk = os.read(fd, min(limit + 1 - total, 1024 * 1024))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _check_regular(info: os.stat_result, path: str | os.PathLike[str]) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = {
+            stat.S_IFIFO: "a FIFO",
+            stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device",
+            stat.S_IFDIR: "a directory",
+            stat.S_IFSOCK: "a socket",
+        }.get(stat.S_IFMT(info.st_mode), "not a file")
+        raise OSError(errno.EINVAL, f"not a regular file ({kind})", str(path))
+
+
+def _write_file(path: Path, text: bytes, *, durable: bool) -> None:
+    """Replace ``path`` with ``text`` atomically, mode 0644, through a fresh temporary file:
+    mkstemp creates it (O_EXCL, so never through a symlink planted at its name) and the mode
+    is set on the open file, not by name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fchmod(handle.fileno(), 0o644)
+            if durable:
+                os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _stats_document(raw: object) -> dict[str, Any] | None:
+    """A statistics document, or None when ``raw`` is not a JSON object of a sane size."""
+    if not isinstance(raw, bytes) or len(raw) > MAX_STATS_BYTES:
+        return None
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8), or nested too deep
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def _age(written: object, now: float) -> float | None:
+    """Seconds since ``written`` (a document's ``written_at``), None unless a finite number."""
+    if isinstance(written, bool) or not isinstance(written, int | float):
+        return None
+    try:
+        age = now - float(written)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return age if math.isfinite(age) else None
 
 
 class RedisPlanStore(PlanStore):
     """A plan in Redis, for several DNS servers on several hosts: one key holds the plan, a
     second its stamp (version and generation time); both are set in one MULTI/EXEC, so a
     reader that sees a new stamp finds the plan that goes with it. Answer counts go to a hash.
+
+    The stamp is read within ``timeout`` seconds and a small reply; the plan and the answer
+    counts within ``bulk_timeout`` and at most ``max_plan_bytes`` (the stamp is what a pipe
+    backend polls; the plan is read only when the stamp changed).
     """
 
-    def __init__(self, address: RedisAddress, timeout: float = 0.5) -> None:
+    def __init__(
+        self,
+        address: RedisAddress,
+        timeout: float = 0.5,
+        *,
+        bulk_timeout: float = 5.0,
+        max_plan_bytes: int = MAX_PLAN_BYTES,
+        connection: RedisConnection | None = None,
+    ) -> None:
         self.address = address
-        self.connection = RedisConnection(address, timeout)
+        self.timeout = timeout
+        self.bulk_timeout = bulk_timeout
+        self.max_plan_bytes = max_plan_bytes
+        self.connection = connection or RedisConnection(address, timeout)
         self.stamp_key = f"{address.key}:stamp"
         self.stats_key = f"{address.key}:stats"
+        # GET of the plan: one bulk string (its header line is short).
+        self.plan_limits = RespLimits(
+            max_line=4096, max_bytes=max_plan_bytes + 64, max_elements=0, max_depth=0
+        )
+        # HGETALL of the answer counts: name, document, name, document...
+        self.stats_limits = RespLimits(
+            max_line=4096,
+            max_bytes=max(max_plan_bytes, MAX_STATS_BYTES),
+            max_elements=2 * MAX_STATS_DOCUMENTS,
+            max_depth=1,
+        )
 
     def describe(self) -> str:
         return self.address.describe()
@@ -140,7 +302,7 @@ class RedisPlanStore(PlanStore):
         self.connection.close()
 
     def publish(self, plan: Plan, *, durable: bool = True) -> None:
-        text = plan_to_json(plan)
+        text = self._plan_text(plan)
         stamp = f"{plan.version}:{plan.generated_at}"
         replies = self.connection.pipeline(
             [
@@ -148,59 +310,74 @@ class RedisPlanStore(PlanStore):
                 ("SET", self.address.key, text),
                 ("SET", self.stamp_key, stamp),
                 ("EXEC",),
-            ]
+            ],
+            deadline=self.bulk_timeout,
+            limits=SMALL_LIMITS,
         )
         if not isinstance(replies[-1], list):
             raise RedisError(f"{self.describe()}: the plan was not stored ({replies[-1]!r})")
 
     def stamp(self) -> Hashable | None:
-        value = self.connection.command("GET", self.stamp_key)
+        value = self.connection.command("GET", self.stamp_key, limits=SMALL_LIMITS)
         return value if isinstance(value, bytes) else None
 
     def read(self) -> Plan:
-        value = self.connection.command("GET", self.address.key)
-        if not isinstance(value, bytes):
+        value = self.connection.command(
+            "GET", self.address.key, deadline=self.bulk_timeout, limits=self.plan_limits
+        )
+        if value is None:
             raise FileNotFoundError(f"{self.describe()}: no plan")
+        if not isinstance(value, bytes):
+            raise RedisError(f"{self.describe()}: GET answered {type(value).__name__}, not text")
         return parse_plan_json(value)
 
     def write_stats(self, name: str, document: dict[str, Any]) -> None:
         self.connection.command(
-            "HSET", self.stats_key, name, json.dumps(document, separators=(",", ":"))
+            "HSET",
+            self.stats_key,
+            name,
+            json.dumps(document, separators=(",", ":")),
+            deadline=self.bulk_timeout,
+            limits=SMALL_LIMITS,
         )
 
     def read_stats(self, max_age: float = 86400.0) -> list[dict[str, Any]]:
         try:
-            reply = self.connection.command("HGETALL", self.stats_key)
+            reply = self.connection.command(
+                "HGETALL", self.stats_key, deadline=self.bulk_timeout, limits=self.stats_limits
+            )
         except OSError:
             return []
         if not isinstance(reply, list):
             return []
         documents = []
+        gone: list[bytes] = []
         now = time.time()
-        for name, raw in zip(reply[::2], reply[1::2], strict=True):
-            try:
-                document = json.loads(raw) if isinstance(raw, bytes) else None
-            except ValueError:
-                document = None
-            if not isinstance(document, dict):
+        for index in range(0, len(reply) - 1, 2):  # an odd last element is ignored
+            name, document = reply[index], _stats_document(reply[index + 1])
+            if document is None:
                 continue
-            written = document.get("written_at")
-            if (
-                isinstance(written, int | float)
-                and now - written > max_age
-                and isinstance(name, bytes)
-            ):
-                self.connection.command("HDEL", self.stats_key, name)  # a coprocess long gone
+            age = _age(document.get("written_at"), now)
+            if age is None:
+                continue  # not written by a pipe backend: no way to tell its age
+            if age > max_age:
+                if isinstance(name, bytes):
+                    gone.append(name)  # a coprocess long gone
                 continue
             documents.append(document)
+        if gone:
+            with contextlib.suppress(OSError):  # else removed on a later read
+                self.connection.command("HDEL", self.stats_key, *gone, limits=SMALL_LIMITS)
         return documents
 
 
-def open_store(location: str, *, password: str | None = None) -> PlanStore:
+def open_store(
+    location: str, *, password: str | None = None, max_plan_bytes: int = MAX_PLAN_BYTES
+) -> PlanStore:
     """The store at ``location``: a file path, a ``file://`` URL, or a ``redis://`` URL (the
     password from ``password``, or from the environment variable ``DNSLB_REDIS_PASSWORD``)."""
     if location.startswith("file://"):
-        return FilePlanStore(location.removeprefix("file://"))
+        return FilePlanStore(location.removeprefix("file://"), max_plan_bytes=max_plan_bytes)
     if location.startswith("redis://"):
         try:
             address = RedisAddress.parse(
@@ -208,11 +385,13 @@ def open_store(location: str, *, password: str | None = None) -> PlanStore:
             )
         except ValueError as exc:
             raise ConfigError("plan location", [str(exc)]) from None
-        return RedisPlanStore(address)
+        return RedisPlanStore(address, max_plan_bytes=max_plan_bytes)
     if "://" in location:
         scheme = location.split("://", 1)[0]
-        raise ConfigError("plan location", [f"{location}: unsupported plan store {scheme!r}"])
-    return FilePlanStore(location)
+        raise ConfigError(
+            "plan location", [f"{redact_url(location)}: unsupported plan store {scheme!r}"]
+        )
+    return FilePlanStore(location, max_plan_bytes=max_plan_bytes)
 
 
 def last_good_store(store: PlanStore) -> PlanStore | None:
@@ -222,5 +401,8 @@ def last_good_store(store: PlanStore) -> PlanStore | None:
     serves this copy instead of nothing.
     """
     if isinstance(store, FilePlanStore):
-        return FilePlanStore(store.path.with_name(f".{store.path.name}.last-good"))
+        return FilePlanStore(
+            store.path.with_name(f".{store.path.name}.last-good"),
+            max_plan_bytes=store.max_plan_bytes,
+        )
     return None

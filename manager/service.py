@@ -553,8 +553,12 @@ class Manager:
         serve it. (Computing the answers of a plan the parser accepts cannot fail: the
         ``plan`` and ``pipe-protocol`` fuzz harnesses hold that, and a pipe backend that met
         such a plan would keep its last good one.)"""
+        text = plan_to_json(plan)
+        limit = self.publisher.max_plan_bytes
+        if len(text.encode("utf-8")) > limit:
+            return f"the plan is larger than the store's limit of {limit} bytes"
         try:
-            parsed = parse_plan_json(plan_to_json(plan))
+            parsed = parse_plan_json(text)
         except PlanError as exc:
             return "; ".join(exc.problems[:5])
         except ValueError as exc:  # not even JSON (a NaN would be caught here)

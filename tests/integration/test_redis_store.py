@@ -4,8 +4,10 @@ the plan from Redis through the pipe backend."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,11 +19,18 @@ import dns.query
 import pytest
 
 from dnslb.errors import ConfigError
-from dnslb.pdns import PdnsServer, PdnsSettings
+from dnslb.pdns import PdnsServer, PdnsSettings, render_config
 from dnslb.plan import parse_plan
 from dnslb.plan_store import FilePlanStore, RedisPlanStore, open_store
 from dnslb.process import stop_group
-from dnslb.resp import RedisAddress, RedisConnection, RedisError
+from dnslb.resp import (
+    RedisAddress,
+    RedisBackoffError,
+    RedisConnection,
+    RedisError,
+    RedisProtocolError,
+    RedisTimeoutError,
+)
 from pipe_backend.backend import PipeBackend
 from tests.conftest import free_port, plan_doc
 
@@ -134,7 +143,8 @@ def test_the_pipe_backend_follows_redis_and_survives_its_outage(
     plans = store(redis)
     plans.publish(parse_plan(plan_doc(version=1)))
     last_good = FilePlanStore(tmp_path / "last-good.json")
-    backend = PipeBackend(store(redis), last_good=last_good, rng=random.Random(1), poll_interval=0)
+    reader = store(redis)
+    backend = PipeBackend(reader, last_good=last_good, rng=random.Random(1), poll_interval=0)
     backend.poll(force=True)
     assert backend.handle(b"HELO\t5").startswith(b"OK")
     query = b"Q\tv6.example.test\tIN\tAAAA\t-1\t1.2.3.4\t1.2.3.4\t1.2.3.4/32"
@@ -158,10 +168,12 @@ def test_the_pipe_backend_follows_redis_and_survives_its_outage(
     assert late.plan is not None and late.plan.version == 2
 
     redis.start()  # an empty Redis: the manager has not published again yet
+    time.sleep(reader.connection.backoff_remaining())  # after the outage's failures
     backend.poll()
     assert b"2001:db8::99" in backend.handle(query)
     plans = store(redis)
     plans.publish(parse_plan(plan_doc(version=3)))
+    time.sleep(reader.connection.backoff_remaining())
     backend.poll()
     assert backend.plan is not None and backend.plan.version == 3
 
@@ -198,3 +210,106 @@ def test_pdns_answers_from_a_plan_in_redis(tmp_path: Path) -> None:
         if pdns is not None:
             pdns.stop()
         server.stop()
+
+
+# -- hostile input at the store boundary (issue 14) ----------------------------------------------
+
+
+def test_a_plan_of_100000_members_goes_through_redis_within_the_default_limits(
+    redis: Redis,
+) -> None:
+    doc = plan_doc(version=9)
+    doc["pools"][0]["members"] = [
+        {"id": f"m{i}", "address": f"10.{i // 65536}.{i // 256 % 256}.{i % 256}"}
+        for i in range(100_000)
+    ]
+    plan = parse_plan(doc)
+    plans = store(redis)
+    plans.publish(plan)
+    assert plans.read() == plan
+    small = RedisPlanStore(
+        RedisAddress(port=redis.port, password=redis.password), max_plan_bytes=1_000_000
+    )
+    OPENED.append(small)
+    with pytest.raises(OSError, match="more than readers accept"):
+        small.publish(plan)  # the writer checks with its readers' limit
+    with pytest.raises(RedisProtocolError, match="larger than"):
+        small.read()  # and a reader with a smaller one refuses it at the header
+
+
+def test_a_redis_that_stops_answering_fails_each_read_at_its_deadline_then_recovers(
+    redis: Redis,
+) -> None:
+    plans = store(redis)
+    plans.publish(parse_plan(plan_doc(version=4)))
+    stamp = plans.stamp()
+    assert redis.process is not None
+    os.kill(redis.process.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+    try:
+        with pytest.raises(RedisTimeoutError):
+            plans.stamp()
+        with pytest.raises(RedisBackoffError):
+            plans.read()  # backing off: raised at once
+    finally:
+        os.kill(redis.process.pid, signal.SIGCONT)
+    time.sleep(plans.connection.backoff_remaining())
+    assert plans.stamp() == stamp
+    assert plans.read().version == 4
+
+
+def test_a_connection_redis_closed_while_idle_is_reopened_without_an_error(redis: Redis) -> None:
+    plans = store(redis)
+    plans.publish(parse_plan(plan_doc(version=4)))
+    admin = RedisConnection(RedisAddress(port=redis.port, password=redis.password))
+    try:
+        admin.command("CONFIG", "SET", "timeout", "1")  # Redis drops clients idle for 1 s
+    finally:
+        admin.close()
+    plans.stamp()
+    time.sleep(2.5)
+    assert plans.stamp() is not None  # no error, no back-off: a fresh connection
+    assert plans.connection.backoff_remaining() == 0
+
+
+def test_pdns_reads_a_password_protected_redis_and_no_command_line_shows_the_password(
+    redis: Redis, tmp_path: Path
+) -> None:
+    plans = store(redis)
+    plans.publish(parse_plan(plan_doc()))
+    with pytest.raises(ConfigError, match="--redis-password-file"):
+        render_config(PdnsSettings(plan=f"redis://:{PASSWORD}@127.0.0.1:{redis.port}/0"), tmp_path)
+    password_file = tmp_path / "redis-password"
+    password_file.write_text(PASSWORD + "\n")
+    password_file.chmod(0o600)
+    port = free_port()
+    settings = PdnsSettings(plan=redis.url(), port=port, redis_password_file=str(password_file))
+    pdns = PdnsServer(settings, tmp_path / "pdns")
+    try:
+        pdns.start(probe_name="example.test")
+        reply = dns.query.udp(
+            dns.message.make_query("v6.example.test", "AAAA"), "127.0.0.1", port=port, timeout=3
+        )
+        assert sorted(str(r) for r in reply.answer[0]) == ["2001:db8::1", "2001:db8::2"]
+        assert PASSWORD not in (tmp_path / "pdns" / "pdns.conf").read_text()
+        assert pdns.process is not None
+        lines = _command_lines(pdns.process.pid)
+        assert any("pipe-backend" in line for line in lines)  # the coprocesses are running
+        assert not any(PASSWORD in line for line in lines)
+    finally:
+        pdns.stop()
+
+
+def _command_lines(group: int) -> list[str]:
+    """The command lines of every process in process group ``group`` (what ps shows)."""
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        lines.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+    return lines
