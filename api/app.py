@@ -6,11 +6,13 @@ front (``manager.http.ManagerApp``) answers agent reports, ``/healthz`` and ``/r
 every other request to this application.
 
 Layers, outermost first: CORS (only when origins are configured), bearer authentication
-(:mod:`api.auth`), FastAPI's routing with one exception handler (:mod:`api.errors`).
+(:mod:`api.auth`), the body cap (:class:`BodyLimit`), FastAPI's routing with one exception
+handler (:mod:`api.errors`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,11 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
 from api import errors
-from api.auth import ApiAuth, BearerAuth
+from api.auth import ApiAuth, ASGIApp, BearerAuth, Message, Receive, Scope, Send
 from api.dashboard import CHART_JS, dashboard_router
 from api.metrics import metrics_registry, render
 from api.models import ErrorBody
-from api.routes import GENERIC_OBJECT, SpecSchemas, check_query, v1_router
+from api.routes import GENERIC_OBJECT, MAX_BODY, SpecSchemas, check_query, v1_router
 from dnslb import __version__
 from dnslb.control import ManagerControl
 
@@ -36,6 +38,75 @@ message}]}`. Pool and member bodies have the configuration file's shape (docs/ma
 """
 
 METRICS_CONTENT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class BodyLimit:
+    """ASGI middleware capping every request body at ``limit`` bytes (413), whatever route reads
+    it and however: a declared ``Content-Length`` over the cap is refused before anything is
+    read; a body sent in chunks is cut at the cap (the route sees the client gone) and its
+    answer replaced with the 413. Either way the connection is closed."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.limit:
+            await self._refuse(send)
+            return
+        received = 0
+        over = False
+
+        async def capped_receive() -> Message:
+            nonlocal received, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                over = True
+                return {"type": "http.disconnect"}
+            return message
+
+        answered = False
+
+        async def capped_send(message: Message) -> None:
+            nonlocal answered
+            if not over:
+                await send(message)
+            elif not answered:
+                answered = True
+                await self._refuse(send)
+
+        await self.app(scope, capped_receive, capped_send)
+        if over and not answered:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        payload = json.dumps(
+            {"error": f"body larger than {self.limit} bytes", "problems": []}
+        ).encode("utf-8")
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode("ascii")),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            digits = value.strip().lstrip(b"0") or b"0"
+            if not digits.isdigit():
+                return None
+            return int(digits) if len(digits) <= 18 else 10**18  # int() of 5,000 digits raises
+    return None
 
 
 class ApiApp(FastAPI):
@@ -113,6 +184,7 @@ def create_app(
     for router in (v1, extra, dashboard):
         app.include_router(router)
     errors.allow_methods(app, [*v1.routes, *extra.routes, *dashboard.routes])
+    app.add_middleware(BodyLimit)
     app.add_middleware(BearerAuth, auth=auth)
     if cors_origins:
         app.add_middleware(

@@ -1,10 +1,12 @@
 """Bearer tokens with roles, checked before any route runs.
 
-Every request needs a token except a short public list (the dashboard's static files, the
-OpenAPI document, ``/metrics`` when configured public). ``GET`` and ``HEAD`` need the ``read``
-role; every other method needs ``admin``. The rule is by method, not by route, so a new mutating
-route cannot be left open, and it runs before routing and body parsing, so a caller without a
-token learns nothing (not even whether a pool exists or a body is malformed).
+Every request needs a token except a short public list (the dashboard's static files, which hold
+no data, and ``/metrics`` when configured public). ``GET`` and ``HEAD`` need the ``read`` role
+(the OpenAPI document too: it lists every path); every other method needs ``admin``. The rule is
+by method, not by route, so a new mutating route cannot be left open, and it runs before routing
+and body parsing, so a caller without a token learns nothing (not even which paths exist, whether
+a pool exists or a body is malformed). A refused request's body is never read: when one is on
+the way, the answer closes the connection instead of draining it.
 
 Tokens are kept as SHA-256 hashes and compared in constant time against every stored hash. They
 are never logged; a refused request's body says why without echoing the token.
@@ -28,7 +30,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
-PUBLIC_PATHS = frozenset({"/", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/"})
 PUBLIC_PREFIXES = ("/dashboard/",)
 
 
@@ -93,18 +95,20 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         token = bearer_token(scope)
+        close = _has_body(scope)
         if token is None:
-            await _refuse(send, 401, "missing bearer token (Authorization: Bearer TOKEN)")
+            await _refuse(send, 401, "missing bearer token (Authorization: Bearer TOKEN)", close)
             return
         role = self.auth.role_of(token)
         if role is None:
-            await _refuse(send, 401, "token not valid for the API")
+            await _refuse(send, 401, "token not valid for the API", close)
             return
         if not role.allows(needed):
             await _refuse(
                 send,
                 403,
                 f"{scope['method']} needs the {needed.value} role; this token has {role.value}",
+                close,
             )
             return
         await self.app(scope, receive, send)
@@ -120,12 +124,23 @@ def bearer_token(scope: Scope) -> str | None:
     return None
 
 
-async def _refuse(send: Send, status: int, message: str) -> None:
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.strip() not in (b"", b"0"):
+            return True
+        if name == b"transfer-encoding":
+            return True
+    return False
+
+
+async def _refuse(send: Send, status: int, message: str, close: bool) -> None:
     payload = json.dumps({"error": message, "problems": []}).encode("utf-8")
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode("ascii")),
     ]
+    if close:  # its body is still on the way: not worth reading
+        headers.append((b"connection", b"close"))
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="dnslb"'))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -71,6 +71,8 @@ def validation_problems(errors: Iterable[Mapping[str, Any]]) -> list[Problem]:
         if error.get("type") == "json_invalid":
             problems.append(Problem(field="body", message="not valid JSON"))
             continue
+        if error.get("type") == "value_error":  # our own validators: their message alone
+            message = message.removeprefix("Value error, ")
         if loc and loc[0] in ("query", "path", "header"):
             message = f"{loc[0]} parameter: {message}"
         problems.append(Problem(field=_location(loc), message=message))

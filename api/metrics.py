@@ -11,10 +11,15 @@ state (one series per state, 1 for the current one), report age, cost, requests 
 answers counted by the pipe backends when the manager has them. Per pool: servers by state,
 scale events, cost, requests served, mean TTL handed out. Manager: last tick's duration, tick
 errors, plan version and age, readiness, agent reports by outcome.
+
+A scrape never fails on what the views hold: every sample is written as a float (an integer too
+large for one as ``+Inf``, what is not a number as ``NaN``, both of which the text format
+carries), and a label with a lone surrogate has it replaced by U+FFFD.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -34,9 +39,9 @@ class ControlCollector:
         self.control = control
 
     def collect(self) -> Iterable[Metric]:
-        yield from self._servers()
-        yield from self._pools()
-        yield from self._manager()
+        for family in (self._servers, self._pools, self._manager):
+            for metric in family():
+                yield writable(metric)
 
     def _servers(self) -> Iterable[Metric]:
         servers = self.control.servers()
@@ -80,7 +85,7 @@ class ControlCollector:
         weights: dict[str, float] = defaultdict(float)
         for server in servers:
             if server.weight is not None:
-                weights[server.pool] += server.weight
+                weights[server.pool] += sample(server.weight)
         for server in servers:
             labels = [server.pool, server.id]
             if server.utilization is not None:
@@ -90,7 +95,9 @@ class ControlCollector:
             if server.weight is not None:
                 weight.add_metric(labels, server.weight)
                 total = weights[server.pool]
-                share.add_metric(labels, server.weight / total if total > 0 else 0.0)
+                mine = sample(server.weight)
+                fits = total > 0 and math.isfinite(total) and math.isfinite(mine)
+                share.add_metric(labels, mine / total if fits else math.nan)
             if server.ttl is not None:
                 ttl.add_metric(labels, server.ttl)
             paused.add_metric([*labels, "policy"], 1.0 if server.paused else 0.0)
@@ -161,6 +168,37 @@ class ControlCollector:
         for outcome, count in sorted(stats.reports.items()):
             reports.add_metric([outcome], count)
         yield reports
+
+
+def sample(value: object) -> float:
+    """A sample's value as the text format can carry it (never an exception)."""
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):  # bool included
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    return math.nan
+
+
+def label(text: str) -> str:
+    """A label value UTF-8 can carry: a lone surrogate becomes U+FFFD."""
+    if text.isascii():
+        return text
+    return "".join("\ufffd" if 0xD800 <= ord(char) <= 0xDFFF else char for char in text)
+
+
+def writable(metric: Metric) -> Metric:
+    """``metric`` with every sample's value and labels made writable (see the module)."""
+    metric.samples = [
+        each._replace(
+            labels={name: label(str(value)) for name, value in each.labels.items()},
+            value=sample(each.value),
+        )
+        for each in metric.samples
+    ]
+    return metric
 
 
 def metrics_registry(control: ManagerControl) -> CollectorRegistry:

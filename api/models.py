@@ -3,19 +3,109 @@
 Each response model has exactly the fields of its view (a test holds them equal, and
 ``extra="forbid"`` makes a view with a new field fail loudly rather than lose it), so the OpenAPI
 schema states precisely what a client gets.
+
+What a view holds comes, in the end, from agents, pipe backends and clouds. The checks where it
+entered bound it, and these models do not count on it: whatever a view holds, its document can be
+written, so a bad value shows as a bounded one instead of turning the answer into a 500. Integers
+are clamped to the signed 64-bit range (what JSON readers and Prometheus keep), other numbers to
+the finite floats; NaN and what is not a number at all become null where the field may be null,
+else 0; text with a lone surrogate (which UTF-8 cannot carry) has it replaced by U+FFFD.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Self
+import math
+import sys
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from dnslb.control import AdminAction, ManagerStats, PoolView, ServerView
 from dnslb.model import Event, ServerState
 
 _STRICT = ConfigDict(extra="forbid")
+
+MAX_INT = 2**63 - 1
+MIN_INT = -(2**63)
+MAX_FLOAT = sys.float_info.max
+
+
+def bounded_int(value: object) -> int | None:
+    """``value`` as an integer in the signed 64-bit range (clamped), or None if not a number."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        value = MAX_INT if value > MAX_INT else MIN_INT if value < MIN_INT else int(value)
+    if not isinstance(value, int):
+        return None
+    return max(MIN_INT, min(MAX_INT, value))
+
+
+def bounded_float(value: object) -> float | None:
+    """``value`` as a finite float (clamped), or None when it is NaN or not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int):
+        if value > MAX_FLOAT:
+            return MAX_FLOAT
+        if value < -MAX_FLOAT:
+            return -MAX_FLOAT
+        return float(value)
+    if math.isnan(value):
+        return None
+    return max(-MAX_FLOAT, min(MAX_FLOAT, value))
+
+
+def _printable(value: object) -> object:
+    if isinstance(value, str) and not value.isascii():
+        return "".join("\ufffd" if 0xD800 <= ord(char) <= 0xDFFF else char for char in value)
+    return value
+
+
+def _document(value: object) -> object:
+    """A JSON document made writable: every number bounded, every text printable."""
+    if isinstance(value, dict):
+        return {str(_printable(key)): _document(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_document(item) for item in value]
+    if isinstance(value, str):
+        return _printable(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return bounded_int(value)
+    if isinstance(value, float):
+        return bounded_float(value)
+    return value
+
+
+def _count(value: object) -> int:
+    bounded = bounded_int(value)
+    return 0 if bounded is None else bounded
+
+
+def _real(value: object) -> float:
+    bounded = bounded_float(value)
+    return 0.0 if bounded is None else bounded
+
+
+def _counts(value: object) -> object:
+    if isinstance(value, dict):
+        return {str(_printable(key)): _count(item) for key, item in value.items()}
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_count)]
+MaybeCount = Annotated[int | None, BeforeValidator(bounded_int)]
+Real = Annotated[float, BeforeValidator(_real)]
+MaybeReal = Annotated[float | None, BeforeValidator(bounded_float)]
+Text = Annotated[str, BeforeValidator(_printable)]
+MaybeText = Annotated[str | None, BeforeValidator(_printable)]
+Document = Annotated[dict[str, Any], BeforeValidator(_document)]
+Counts = Annotated[dict[str, int], BeforeValidator(_counts)]
 
 
 def _fields_of(view: Any) -> dict[str, Any]:
@@ -42,26 +132,26 @@ class ServerOut(BaseModel):
     """A server as operators see it (:class:`dnslb.control.ServerView`)."""
 
     model_config = _STRICT
-    id: str
-    pool: str
-    address: str
-    check_address: str | None
-    origin: str = Field(description='"static", or the provider that launched it')
+    id: Text
+    pool: Text
+    address: Text
+    check_address: MaybeText
+    origin: Text = Field(description='"static", or the provider that launched it')
     state: ServerState
-    state_reason: str
-    state_since: float = Field(description="unix seconds")
-    created_at: float = Field(description="unix seconds")
-    utilization: float | None = Field(description="smoothed; null before the first report")
-    in_progress: int | None
-    max_concurrency: int | None
-    weight: float | None = Field(description="in the last published plan; null when not answered")
-    ttl: int | None = Field(description="seconds, in the last published plan")
+    state_reason: Text
+    state_since: Real = Field(description="unix seconds")
+    created_at: Real = Field(description="unix seconds")
+    utilization: MaybeReal = Field(description="smoothed; null before the first report")
+    in_progress: MaybeCount
+    max_concurrency: MaybeCount
+    weight: MaybeReal = Field(description="in the last published plan; null when not answered")
+    ttl: MaybeCount = Field(description="seconds, in the last published plan")
     paused: bool = Field(description="paused by the policy (utilization above th_over)")
     admin_paused: bool = Field(description="paused by an operator")
-    report_age: float | None = Field(description="seconds since its agent's last report")
-    cost_seconds: float = Field(description="server-seconds so far")
-    served: int = Field(description="requests served while known to this manager")
-    answers: int | None = Field(description="DNS answers that held it; null: not counted")
+    report_age: MaybeReal = Field(description="seconds since its agent's last report")
+    cost_seconds: Real = Field(description="server-seconds so far")
+    served: Count = Field(description="requests served while known to this manager")
+    answers: MaybeCount = Field(description="DNS answers that held it; null: not counted")
 
     @classmethod
     def of(cls, view: ServerView) -> Self:
@@ -72,17 +162,17 @@ class PoolOut(BaseModel):
     """A pool as operators see it (:class:`dnslb.control.PoolView`)."""
 
     model_config = _STRICT
-    name: str
-    dns_name: str
-    zone: str
-    source: str = Field(description='"config" (the file; read-only here) or "api"')
-    provider: str | None
-    spec: dict[str, Any] = Field(description="the pool's configuration, as PUT accepts it")
-    servers: dict[str, int] = Field(description="servers by state (terminated ones left out)")
-    cost_seconds: float = Field(description="server-seconds, terminated servers included")
-    served: int
-    scale_events: int
-    mean_ttl: float | None = Field(description="mean TTL of its answers in the last plan")
+    name: Text
+    dns_name: Text
+    zone: Text
+    source: Text = Field(description='"config" (the file; read-only here) or "api"')
+    provider: MaybeText
+    spec: Document = Field(description="the pool's configuration, as PUT accepts it")
+    servers: Counts = Field(description="servers by state (terminated ones left out)")
+    cost_seconds: Real = Field(description="server-seconds, terminated servers included")
+    served: Count
+    scale_events: Count
+    mean_ttl: MaybeReal = Field(description="mean TTL of its answers in the last plan")
 
     @classmethod
     def of(cls, view: PoolView) -> Self:
@@ -96,12 +186,12 @@ class EventOut(BaseModel):
     """Something that happened, and why (:class:`dnslb.model.Event`)."""
 
     model_config = _STRICT
-    id: int | None
-    time: float = Field(description="unix seconds")
-    kind: str = Field(description="state, paused, resumed, scale_out, scale_in, admin_pause...")
-    reason: str
-    pool: str | None
-    server: str | None
+    id: MaybeCount
+    time: Real = Field(description="unix seconds")
+    kind: Text = Field(description="state, paused, resumed, scale_out, scale_in, admin_pause...")
+    reason: Text
+    pool: MaybeText
+    server: MaybeText
 
     @classmethod
     def of(cls, event: Event) -> Self:
@@ -113,29 +203,29 @@ class EventPage(BaseModel):
 
     model_config = _STRICT
     events: list[EventOut]
-    next_before_id: int | None = Field(description="null on the last page")
+    next_before_id: MaybeCount = Field(description="null on the last page")
 
 
 class PlanOut(BaseModel):
     """The plan the pipe backends serve now (format: docs/plan.md)."""
 
     model_config = _STRICT
-    version: int
-    published_at: float = Field(description="unix seconds")
-    age: float = Field(description="seconds since it was published")
+    version: Count
+    published_at: Real = Field(description="unix seconds")
+    age: Real = Field(description="seconds since it was published")
     stale: bool = Field(description="older than its stale_after: served with TTL floors")
-    plan: dict[str, Any]
+    plan: Document
 
 
 class StatsOut(BaseModel):
     """The manager process (:class:`dnslb.control.ManagerStats`)."""
 
     model_config = _STRICT
-    plan_version: int
-    plan_age: float | None
-    tick_seconds: float = Field(description="duration of the last tick")
-    tick_errors: int
-    reports: dict[str, int] = Field(description="agent reports by outcome")
+    plan_version: Count
+    plan_age: MaybeReal
+    tick_seconds: Real = Field(description="duration of the last tick")
+    tick_errors: Count
+    reports: Counts = Field(description="agent reports by outcome")
     ready: bool
 
     @classmethod
@@ -150,26 +240,26 @@ class StatusOut(BaseModel):
 
     model_config = _STRICT
     manager: StatsOut
-    pools: int
-    servers: dict[str, int] = Field(description="servers by state, every pool")
-    paused: int = Field(description="servers paused by the policy or an operator")
+    pools: Count
+    servers: Counts = Field(description="servers by state, every pool")
+    paused: Count = Field(description="servers paused by the policy or an operator")
 
 
 class ServerCost(BaseModel):
     model_config = _STRICT
-    server: str
+    server: Text
     state: ServerState
-    server_seconds: float
-    served: int
-    requests_per_cost: float | None = Field(description="requests served per server-second")
+    server_seconds: Real
+    served: Count
+    requests_per_cost: MaybeReal = Field(description="requests served per server-second")
 
 
 class PoolCost(BaseModel):
     model_config = _STRICT
-    pool: str
-    server_seconds: float = Field(description="terminated servers included")
-    served: int
-    requests_per_cost: float | None = Field(description="requests served per server-second")
+    pool: Text
+    server_seconds: Real = Field(description="terminated servers included")
+    served: Count
+    requests_per_cost: MaybeReal = Field(description="requests served per server-second")
     servers: list[ServerCost] = Field(description="the servers it has now")
 
 
@@ -178,9 +268,9 @@ class CostReport(BaseModel):
 
     model_config = _STRICT
     pools: list[PoolCost]
-    server_seconds: float
-    served: int
-    requests_per_cost: float | None
+    server_seconds: Real
+    served: Count
+    requests_per_cost: MaybeReal
 
 
 class ActionRequest(BaseModel):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import types
 import typing
 from collections import Counter
@@ -22,12 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+from annotated_types import Ge, Le
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import StringConstraints
+from pydantic import BeforeValidator, StringConstraints
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from api.models import (
     ActionRequest,
@@ -42,6 +45,7 @@ from api.models import (
     ServerOut,
     StatsOut,
     StatusOut,
+    bounded_float,
 )
 from dnslb.control import ManagerControl, NotFound
 from dnslb.errors import ConfigError
@@ -52,6 +56,28 @@ MAX_DEPTH = 32
 MAX_ID = 2**63 - 1  # event ids are SQLite integers
 
 GENERIC_OBJECT: dict[str, Any] = {"type": "object"}
+
+_DECIMAL = re.compile(r"-?[0-9]+")
+_DIGITS = 40  # more: out of every range here, and int() of thousands of digits is slow
+
+
+def _decimal(value: object) -> object:
+    """A query integer as plain decimal digits. pydantic's lax mode would also take ``86400.0``,
+    ``+5``, `` 5`` and ``5_0``: an integer parameter is refused (422) unless it is written as
+    one, so what a client sent is what the API understood."""
+    if isinstance(value, str):
+        if not _DECIMAL.fullmatch(value):
+            raise ValueError("must be a whole number in decimal digits")
+        if len(value) > _DIGITS:
+            raise ValueError("out of range")
+        return int(value)
+    return value
+
+
+# The bounds sit inside the type, beside the validator, so that the OpenAPI document still
+# states them as JSON Schema (minimum, maximum).
+EventId = Annotated[int, Ge(1), Le(MAX_ID), BeforeValidator(_decimal)]
+PageSize = Annotated[int, Ge(1), Le(1000), BeforeValidator(_decimal)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +129,15 @@ MEMBER_EXAMPLE = {"id": "api-2", "address": "192.0.2.22", "max_concurrency": 200
 async def json_object(request: Request, what: str) -> dict[str, Any]:
     """The request's body as a JSON object; 413 above :data:`MAX_BODY`, 422 when not one."""
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise HTTPException(413, f"body larger than {MAX_BODY} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                raise HTTPException(413, f"body larger than {MAX_BODY} bytes")
+    except ClientDisconnect:
+        # Gone before the end of its body (or dropped by the listener as too slow): nobody is
+        # left to answer, and nothing went wrong here.
+        raise HTTPException(400, "the client went away before the end of its body") from None
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
@@ -182,7 +213,11 @@ def _without_required(schema: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 
 def _per_cost(served: int, seconds: float) -> float | None:
-    return served / seconds if seconds > 0 else None
+    """Requests per server-second; None without seconds. Bounded whatever the counts hold."""
+    served_f, seconds_f = bounded_float(served), bounded_float(seconds)
+    if served_f is None or seconds_f is None or seconds_f <= 0:
+        return None
+    return bounded_float(served_f / seconds_f)
 
 
 PoolName = Annotated[str, Path(description="pool name")]
@@ -317,9 +352,9 @@ def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
             Query(default_factory=list, description="only these kinds (repeat the parameter)"),
         ],
         before_id: Annotated[
-            int | None, Query(ge=1, le=MAX_ID, description="page: events older than this id")
+            EventId | None, Query(description="page: events older than this id")
         ] = None,
-        limit: Annotated[int, Query(ge=1, le=1000, description="events per page")] = 100,
+        limit: Annotated[PageSize, Query(description="events per page")] = 100,
     ) -> EventPage:
         """Events newest first, filtered and paginated."""
         found: Sequence[Any] = control.events(

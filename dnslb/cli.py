@@ -393,6 +393,7 @@ FUZZ_HARNESSES = {
     "resp": "dnslb.fuzz_resp:RespHarness",
     "heartbeats": "manager.fuzz_heartbeats:HeartbeatHarness",
     "tables": "agents.fuzz_tables:TableHarness",
+    "http": "manager.fuzz_http:HttpHarness",
 }
 """Every fuzz harness by name, as ``module:class`` (each lives beside the code it guards)."""
 

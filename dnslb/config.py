@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import yaml
 
 from dnslb.errors import ConfigError
+from dnslb.plan_store import read_regular_file
 
 _T = TypeVar("_T")
 
@@ -59,8 +60,19 @@ class Secret:
         return hash(self.reference)
 
 
-def resolve_secret(reference: str, *, base: Path | None = None) -> Secret:
-    """Resolve ``env:NAME`` or ``file:PATH`` (relative to ``base``); ValueError says why not."""
+MAX_SECRET_FILE = 4096
+"""Largest secret file read: a token or a password, never more (``/dev/zero`` must not be)."""
+
+
+def resolve_secret(
+    reference: str, *, base: Path | None = None, refuse_files: str | None = None
+) -> Secret:
+    """Resolve ``env:NAME`` or ``file:PATH`` (relative to ``base``); ValueError says why not.
+
+    A secret file must be a regular file of at most :data:`MAX_SECRET_FILE` bytes (a FIFO or a
+    device is refused without being read). With ``refuse_files``, a ``file:`` reference is
+    refused with that reason before anything is read (references from API bodies).
+    """
     kind, _, target = reference.partition(":")
     if kind == "env" and target:
         value = os.environ.get(target)
@@ -69,14 +81,18 @@ def resolve_secret(reference: str, *, base: Path | None = None) -> Secret:
         if not value.strip():
             raise ValueError(f"environment variable {target} is empty")
         return Secret(value.strip(), reference)
+    if kind == "file" and target and refuse_files is not None:
+        raise ValueError(refuse_files)
     if kind == "file" and target:
         path = Path(target)
         if base is not None and not path.is_absolute():
             path = base / path
         try:
-            value = path.read_text().strip()
+            value = read_regular_file(path, MAX_SECRET_FILE).decode("utf-8").strip()
         except OSError as exc:
             raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path} is not UTF-8 text") from None
         if not value:
             raise ValueError(f"{path} is empty")
         return Secret(value, reference)
@@ -102,9 +118,10 @@ def setting(
 
 
 class _Builder:
-    def __init__(self, source: str, base: Path | None) -> None:
+    def __init__(self, source: str, base: Path | None, refuse_files: str | None = None) -> None:
         self.source = source
         self.base = base
+        self.refuse_files = refuse_files
         self.problems: list[str] = []
         self._scalars = yaml.constructor.SafeConstructor()
 
@@ -173,7 +190,7 @@ class _Builder:
                 self.fail(node, path, "must be a secret reference, env:NAME or file:PATH")
                 return None
             try:
-                return resolve_secret(value, base=self.base)
+                return resolve_secret(value, base=self.base, refuse_files=self.refuse_files)
             except ValueError as exc:
                 self.fail(node, path, str(exc))
                 return None
@@ -303,10 +320,19 @@ def _describe(hint: Any) -> str:
 
 
 def parse_config(
-    text: str, schema: type[_T], *, source: str = "<config>", base: Path | None = None
+    text: str,
+    schema: type[_T],
+    *,
+    source: str = "<config>",
+    base: Path | None = None,
+    refuse_files: str | None = None,
 ) -> _T:
-    """Build ``schema`` from YAML ``text``; raises :class:`ConfigError` with every problem."""
-    return build_config(compose_config(text, source=source), schema, source=source, base=base)
+    """Build ``schema`` from YAML ``text``; raises :class:`ConfigError` with every problem.
+
+    ``refuse_files``: ``file:`` secret references are refused, with this reason, before
+    anything is read (documents from the API)."""
+    node = compose_config(text, source=source)
+    return build_config(node, schema, source=source, base=base, refuse_files=refuse_files)
 
 
 def compose_config(text: str, *, source: str = "<config>") -> yaml.MappingNode:
@@ -332,11 +358,16 @@ def compose_config(text: str, *, source: str = "<config>") -> yaml.MappingNode:
 
 
 def build_config(
-    node: yaml.Node, schema: type[_T], *, source: str = "<config>", base: Path | None = None
+    node: yaml.Node,
+    schema: type[_T],
+    *,
+    source: str = "<config>",
+    base: Path | None = None,
+    refuse_files: str | None = None,
 ) -> _T:
     """Build ``schema`` from composed YAML ``node``; raises :class:`ConfigError` with every
     problem, each with ``source`` and its line."""
-    builder = _Builder(source, base)
+    builder = _Builder(source, base, refuse_files)
     result = builder.dataclass(schema, node, "")
     if builder.problems or result is None:
         raise ConfigError("invalid configuration", sorted(builder.problems, key=_line_of))

@@ -43,6 +43,19 @@ class HttpConfig:
         help="origins whose pages may call the API from a browser (CORS), e.g. "
         "https://ops.example.com; empty: CORS off",
     )
+    header_timeout: float = setting(
+        5.0, help="seconds a request's headers may take to arrive; slower: closed", min=0.5, max=300
+    )
+    body_timeout: float = setting(
+        10.0, help="seconds a request's body may take after its headers", min=0.5, max=300
+    )
+    max_connections: int | None = setting(
+        None,
+        help="connections held at once; more are closed as they arrive (default: 4,096 or half "
+        "the file-descriptor limit, whichever is lower)",
+        min=1,
+        max=1_000_000,
+    )
 
     @property
     def url(self) -> str:
@@ -448,6 +461,17 @@ class RuntimePoolsConfig:
             if name not in known:
                 yield f"providers: {name!r} is not one of {', '.join(known)}"
 
+    @property
+    def refuse_files(self) -> str | None:
+        """Why ``file:`` secrets in API documents are refused (None: they are allowed); they are
+        refused while the document is read, before any file is opened."""
+        if self.file_secrets:
+            return None
+        return (
+            "pools made through the API name secrets as env:NAME "
+            "(runtime_pools.file_secrets allows file:)"
+        )
+
     def pool_problems(self, pool: PoolConfig) -> Iterator[str]:
         """Why a pool made through the API may not be as it is (nothing: it may)."""
         if pool.provider is not None and pool.provider.type not in self.providers:
@@ -456,13 +480,6 @@ class RuntimePoolsConfig:
                 f"(runtime_pools.providers in the manager's configuration allows "
                 f"{', '.join(self.providers)})"
             )
-        if not self.file_secrets:
-            for path, secret in _secrets(pool, "pool"):
-                if not secret.reference.startswith("env:"):
-                    yield (
-                        f"{path}: pools made through the API name secrets as env:NAME "
-                        "(runtime_pools.file_secrets allows file:)"
-                    )
         if not self.link_local_checks and pool.health_check is not None:
             for index, member in enumerate(pool.members):
                 target = ipaddress.ip_address(
@@ -474,18 +491,6 @@ class RuntimePoolsConfig:
                         "(cloud metadata) are refused for pools made through the API "
                         "(runtime_pools.link_local_checks allows them)"
                     )
-
-
-def _secrets(value: object, path: str) -> Iterator[tuple[str, Secret]]:
-    """Every secret reference inside a config object, with its path."""
-    if isinstance(value, Secret):
-        yield path, value
-    elif isinstance(value, tuple):
-        for index, item in enumerate(value):
-            yield from _secrets(item, f"{path}[{index}]")
-    elif hasattr(value, "__dataclass_fields__"):
-        for name in value.__dataclass_fields__:
-            yield from _secrets(getattr(value, name), f"{path}.{name}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from dnslb.control import (
 )
 from dnslb.model import Event, ServerState
 from dnslb.plan import MemberState
+from dnslb.report import MAX_SERVED
 from manager.config import MemberConfig, PoolConfig
 from manager.fleet import PoolRuntime, ServerRuntime
 from manager.lifecycle import server_cost
@@ -91,7 +92,7 @@ class Control:
         for record in manager.store.load_servers_of(pool.name):
             runtime = manager.fleet.servers.get(record.id)
             cost += server_cost(record, wall)
-            served += runtime.served if runtime is not None else int(record.data.get("served", 0))
+            served += runtime.served if runtime is not None else _stored_count(record.data)
             if record.state is not ServerState.TERMINATED:
                 by_state[record.state.value] += 1
         return PoolView(
@@ -190,12 +191,12 @@ class Control:
 
     # -- changes ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _build(kind: type[Any], document: Mapping[str, Any], what: str) -> Any:
+    def _build(self, kind: type[Any], document: Mapping[str, Any], what: str) -> Any:
         # Characters as they are, not \u escapes: YAML reads an escaped surrogate pair (any
         # character beyond U+FFFF) as two lone surrogates.
         text = json.dumps(dict(document), indent=1, ensure_ascii=False)
-        return parse_config(text, kind, source=what)
+        refuse_files = self.manager.config.runtime_pools.refuse_files
+        return parse_config(text, kind, source=what, refuse_files=refuse_files)
 
     async def create_pool(self, spec: Mapping[str, Any]) -> PoolView:
         pool: PoolConfig = self._build(PoolConfig, spec, "pool")
@@ -224,3 +225,11 @@ class Control:
 
 
 _CONFORMS: Callable[[Manager], ManagerControl] = Control  # mypy checks Control is one
+
+
+def _stored_count(data: Mapping[str, Any]) -> int:
+    """A server's ``served`` count as the state database keeps it; anything else counts 0."""
+    value = data.get("served", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SERVED:
+        return 0
+    return value

@@ -115,7 +115,9 @@ class Fleet:
 
     def adopt(self, record: ServerRecord) -> ServerRuntime:
         """Track a server read back from the store (no event: nothing changed)."""
-        runtime = ServerRuntime(record=record, served=int(record.data.get("served", 0)))
+        stored = record.data.get("served", 0)
+        served = stored if type(stored) is int and 0 <= stored <= MAX_SERVED else 0
+        runtime = ServerRuntime(record=record, served=served)
         if record.pool in self.pools:
             self.pools[record.pool].servers[record.id] = runtime
         self.servers[record.id] = runtime

@@ -4,20 +4,38 @@ Report ingest (``POST /v1/reports``) is the hot path, thousands of requests a se
 agents, so it is answered by :class:`ManagerApp` directly, without a web framework. ``GET
 /healthz`` (alive) and ``GET /readyz`` (publishing plans) are answered here too; every other path
 goes to the ``api`` application when there is one (the REST API), else 404.
+
+The listener faces every cache server, so it holds its ground against clients that are slow on
+purpose (:class:`HttpLimits`): a request must deliver its headers, then its body, within a few
+seconds; an answer may not wait long on a client that does not read; connections beyond a cap
+are closed at once. uvicorn has a keep-alive timeout and a cap on concurrency (answered with 503,
+which would let idle attackers refuse service to agents) but no read timeouts, so the limits are
+kept by :class:`GuardedHttpProtocol`, uvicorn's own protocol with a small watchdog per
+connection. A report's token is checked from the headers, before its body is read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
+import resource
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from typing import Any
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar
 
+import httptools
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from dnslb.errors import ProcessError
-from manager.ingest import MAX_BODY, Rejected, ReportIngest
+from manager.ingest import Rejected, ReportIngest
+
+log = logging.getLogger("dnslb.manager.http")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -26,11 +44,14 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
+_CLOSE = (b"connection", b"close")
 
 
-async def send_json(send: Send, status: int, body: object) -> None:
+async def send_json(send: Send, status: int, body: object, *, close: bool = False) -> None:
     payload = json.dumps(body).encode("utf-8")
     headers = [*_JSON, (b"content-length", str(len(payload)).encode("ascii"))]
+    if close:
+        headers.append(_CLOSE)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
@@ -72,19 +93,32 @@ class ManagerApp:
         if method != "POST":
             await send_json(send, 405, {"error": "use POST"})
             return
-        token = _bearer(scope)
+        # Token and declared length first, from the headers: nobody without a valid token makes
+        # the manager read a body. When a refused request still has a body on the way, the
+        # connection is closed rather than drained.
+        try:
+            credential = self.ingest.authenticate(bearer_token(scope))
+            self.ingest.check_length(declared_length(scope))
+        except Rejected as rejected:
+            await send_json(
+                send, rejected.status, {"error": rejected.message}, close=has_body(scope)
+            )
+            return
         body = bytearray()
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # gone before the end of its body (or dropped as too slow)
             body += message.get("body", b"")
-            if len(body) > MAX_BODY:
-                await send_json(send, 413, {"error": f"report larger than {MAX_BODY} bytes"})
-                self.ingest.counts["too_large"] += 1
+            try:
+                self.ingest.check_length(len(body))  # sent in chunks, past what it declared
+            except Rejected as rejected:
+                await send_json(send, rejected.status, {"error": rejected.message}, close=True)
                 return
             if not message.get("more_body", False):
                 break
         try:
-            self.ingest.accept(token, bytes(body))
+            self.ingest.record(credential, bytes(body))
         except Rejected as rejected:
             await send_json(send, rejected.status, {"error": rejected.message})
             return
@@ -92,12 +126,36 @@ class ManagerApp:
         await send({"type": "http.response.body", "body": b""})
 
 
-def _bearer(scope: Scope) -> str | None:
+def bearer_token(scope: Scope) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, or None."""
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" else None
+            token = token.strip()
+            return token if scheme.lower() == "bearer" and token else None
     return None
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length``, or None when it has none (the HTTP parser has already
+    refused a malformed or repeated one)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            digits = value.strip().lstrip(b"0") or b"0"
+            if not digits.isdigit():
+                return None
+            return int(digits) if len(digits) <= 18 else 10**18  # int() of 5,000 digits raises
+    return None
+
+
+def has_body(scope: Scope) -> bool:
+    """True when a request declares a body (a length above zero, or chunks)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.strip() not in (b"", b"0"):
+            return True
+        if name == b"transfer-encoding":
+            return True
+    return False
 
 
 def listen(address: str, port: int) -> socket.socket:
@@ -115,16 +173,300 @@ def listen(address: str, port: int) -> socket.socket:
     return sock
 
 
+def default_max_connections() -> int:
+    """Connections held at once: 4,096, or half the process's file descriptors when fewer (the
+    manager needs the rest for its database, health checks and cloud calls)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(64, min(4096, soft // 2))
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What a client of the manager's listener may take: time, connections, header bytes.
+
+    A request's headers must all arrive within ``header_timeout`` seconds of its first byte (of
+    the connection, for its first request), and its body within ``body_timeout`` seconds of its
+    headers; an answer may wait ``write_timeout`` seconds on a client that does not read it; an
+    idle connection is closed after ``keep_alive`` seconds. A connection that breaks a limit is
+    closed at once. Connections beyond ``max_connections`` are closed as they arrive. Request
+    headers larger than ``max_header_bytes`` get 431 and the connection is closed.
+    """
+
+    header_timeout: float = 5.0
+    body_timeout: float = 10.0
+    write_timeout: float = 10.0
+    keep_alive: int = 5
+    max_connections: int = field(default_factory=default_max_connections)
+    max_header_bytes: int = 32 * 1024
+
+
+@dataclass(slots=True)
+class HttpCounts:
+    """What the listener's guard did, since it started."""
+
+    slow_headers: int = 0  # connections closed: headers not in within header_timeout
+    slow_bodies: int = 0  # connections closed: body not in within body_timeout
+    slow_readers: int = 0  # connections closed: answer not taken within write_timeout
+    over_capacity: int = 0  # connections closed on arrival: max_connections reached
+    large_headers: int = 0  # requests refused with 431
+    malformed: int = 0  # requests the HTTP parser refused (400)
+
+    def total(self) -> int:
+        return (
+            self.slow_headers
+            + self.slow_bodies
+            + self.slow_readers
+            + self.over_capacity
+            + self.large_headers
+            + self.malformed
+        )
+
+
+class _Phase(Enum):
+    IDLE = "idle"  # between requests (or no request yet)
+    HEADERS = "headers"  # a request has begun; its headers are not all in
+    BODY = "body"  # headers in, body not yet complete
+    APP = "app"  # request complete, the answer is being made
+
+
+_REPORT_EVERY = 60.0  # seconds between log lines about dropped clients
+
+
+class _HeadersTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a request whose headers are too large."""
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a watchdog: read deadlines, a write deadline, a
+    connection cap and a header size cap. ``limits`` and ``counts`` are set per server by
+    :meth:`HttpServer.for_app` (on a subclass of its own)."""
+
+    limits: ClassVar[HttpLimits] = HttpLimits()
+    counts: ClassVar[HttpCounts] = HttpCounts()
+    _logged: ClassVar[list[float]] = [float("-inf"), 0.0]  # last log time, total then
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._phase = _Phase.IDLE
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._header_bytes = 0  # bytes received since the request began, before its headers
+        self._header_size = 0  # bytes of its URL and headers, as parsed
+        self._headers_too_large = False
+        self._refused = False
+
+    # -- connection ------------------------------------------------------------------------
+
+    def connection_made(  # type: ignore[override]
+        self, transport: asyncio.Transport
+    ) -> None:
+        if len(self.connections) >= self.limits.max_connections:
+            self._refused = True
+            self.counts.over_capacity += 1
+            self._note()
+            transport.abort()
+            return
+        super().connection_made(transport)
+        # A new connection must deliver its first request's headers in time, like any request.
+        self._arm_read(self.limits.header_timeout, "headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._cancel_read()
+        self._cancel_write()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase in (_Phase.IDLE, _Phase.APP) and self._read_timer is None:
+            # The first bytes of a request (after keep-alive idling, or pipelined).
+            self._arm_read(self.limits.header_timeout, "headers")
+        if self._phase is not _Phase.BODY:
+            self._header_bytes += len(data)
+        # What uvicorn does, but for its log lines: a client sending junk gets its 400 and is
+        # counted, and the log says so now and then (a flood of junk must not flood the log).
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # nothing here speaks another protocol: it was answered as plain HTTP
+        except httptools.HttpParserError:
+            if self._headers_too_large:
+                self._refuse_large_headers()
+            else:
+                self.counts.malformed += 1
+                self._note()
+                self.send_400_response("Invalid HTTP request received.")
+            return
+        if (
+            self._phase in (_Phase.IDLE, _Phase.HEADERS)
+            and self._header_bytes > self.limits.max_header_bytes
+        ):
+            self._refuse_large_headers()  # headers still not over, and already too many bytes
+
+    def _refuse_large_headers(self) -> None:
+        if self.transport.is_closing():
+            return
+        self.counts.large_headers += 1
+        self._note()
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+            b"connection: close\r\n\r\n"
+        )
+        self.transport.close()
+
+    def _count_header(self, size: int) -> None:
+        self._header_size += size
+        if self._header_size > self.limits.max_header_bytes:
+            self._headers_too_large = True
+            raise _HeadersTooLarge
+
+    # -- parser callbacks ----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._phase = _Phase.HEADERS
+        self._header_size = 0
+        if self._read_timer is None:
+            # A request that began in the same bytes as the one before it (pipelined, or the
+            # first bytes of a slow client's next request): its headers are due in time too.
+            self._arm_read(self.limits.header_timeout, "headers")
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._phase = _Phase.BODY
+        self._header_bytes = 0
+        self._arm_read(self.limits.body_timeout, "body")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._cancel_read()
+        self._header_bytes = 0
+        answered = self.cycle is not None and self.cycle.response_complete
+        self._phase = _Phase.IDLE if answered else _Phase.APP
+        if answered and self.timeout_keep_alive_task is None and not self.transport.is_closing():
+            # Answered before its body was all in: uvicorn armed the keep-alive timeout then,
+            # and the rest of the body cancelled it. Idle from now on, so it is due again.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self._phase is _Phase.APP:
+            self._phase = _Phase.IDLE
+        # else: answered before its body was all in (a refused token); the body deadline holds
+        super().on_response_complete()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout, self._slow_reader)
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self._cancel_write()
+        super().resume_writing()
+
+    # -- the watchdog --------------------------------------------------------------------------
+
+    def _arm_read(self, seconds: float, what: str) -> None:
+        self._cancel_read()
+        self._read_timer = self.loop.call_later(seconds, self._too_slow, what)
+
+    def _cancel_read(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _cancel_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _too_slow(self, what: str) -> None:
+        self._read_timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        if what == "headers":
+            self.counts.slow_headers += 1
+        else:
+            self.counts.slow_bodies += 1
+        self._note()
+        self.transport.abort()
+
+    def _slow_reader(self) -> None:
+        self._write_timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.counts.slow_readers += 1
+        self._note()
+        self.transport.abort()
+
+    def _note(self) -> None:
+        """A log line now and then (never one per client: a flood must not flood the log)."""
+        now = time.monotonic()
+        last, total_then = self._logged
+        if now - last < _REPORT_EVERY:
+            return
+        counts = self.counts
+        log.warning(
+            "closed %d connection(s) breaking the listener's limits since the last report (in "
+            "all: %d slow headers, %d slow bodies, %d slow readers, %d over %d connections, %d "
+            "headers too large, %d malformed requests)",
+            counts.total() - int(total_then),
+            counts.slow_headers,
+            counts.slow_bodies,
+            counts.slow_readers,
+            counts.over_capacity,
+            self.limits.max_connections,
+            counts.large_headers,
+            counts.malformed,
+        )
+        self._logged[:] = [now, float(counts.total())]
+
+
 class HttpServer(uvicorn.Server):
-    """uvicorn, serving on a socket we bound, leaving signal handling to the manager."""
+    """uvicorn, serving on a socket we bound, leaving signal handling to the manager, with the
+    listener's limits kept (:class:`HttpLimits`; ``counts`` says what they caught)."""
+
+    counts: HttpCounts
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
     @classmethod
-    def for_app(cls, app: ASGIApp) -> HttpServer:
-        config = uvicorn.Config(
-            app, lifespan="off", access_log=False, log_level="warning", server_header=False
+    def for_app(cls, app: ASGIApp, limits: HttpLimits | None = None) -> HttpServer:
+        limits = limits or HttpLimits()
+        counts = HttpCounts()
+        protocol = type(
+            "ManagerHttpProtocol",
+            (GuardedHttpProtocol,),
+            {"limits": limits, "counts": counts, "_logged": [float("-inf"), 0.0]},
         )
-        return cls(config)
+        config = uvicorn.Config(
+            app,
+            http=protocol,
+            ws="none",  # nothing here speaks WebSocket: no upgrade to another parser
+            lifespan="off",
+            log_config=None,  # its lines go through the manager's logging, in its format
+            access_log=False,
+            log_level="warning",
+            server_header=False,
+            proxy_headers=False,  # the client address is the peer's, whatever a header says
+            timeout_keep_alive=limits.keep_alive,
+        )
+        server = cls(config)
+        server.counts = counts
+        return server

@@ -40,7 +40,7 @@ from manager.clusters import ClusterController, HttpTablePusher
 from manager.config import LoadedConfig, MemberConfig, PoolConfig
 from manager.fleet import Fleet, PoolRuntime, ServerRuntime
 from manager.health import HealthChecker
-from manager.http import ASGIApp, HttpServer, ManagerApp, listen
+from manager.http import ASGIApp, HttpLimits, HttpServer, ManagerApp, listen
 from manager.ingest import ReportIngest
 from manager.lifecycle import PROPAGATION, PoolLifecycle
 from manager.planner import build_plan, health_of, plan_zones
@@ -150,7 +150,12 @@ class Manager:
         name = document.get("name")
         try:
             text = json.dumps(document, ensure_ascii=False)  # see Control._build
-            pool = parse_config(text, PoolConfig, source=f"stored pool {name!r}")
+            pool = parse_config(
+                text,
+                PoolConfig,
+                source=f"stored pool {name!r}",
+                refuse_files=self.config.runtime_pools.refuse_files,
+            )
         except ConfigError as exc:
             log.error("pool %r from the state database is invalid, skipped: %s", name, exc)
             return
@@ -653,7 +658,10 @@ class Manager:
         """Serve and tick until ``stop`` is set; then shut down cleanly."""
         http = self.config.http
         sock = listen(http.address, http.port)
-        server = HttpServer.for_app(self.http_app())
+        limits = HttpLimits(header_timeout=http.header_timeout, body_timeout=http.body_timeout)
+        if http.max_connections is not None:
+            limits = dataclasses.replace(limits, max_connections=http.max_connections)
+        server = HttpServer.for_app(self.http_app(), limits)
         serving = asyncio.create_task(server.serve(sockets=[sock]), name="http")
         self.health.start()
         clusters = (

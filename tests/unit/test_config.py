@@ -174,3 +174,24 @@ def test_reference_documents_every_field() -> None:
     text = reference(Top)
     for expected in ("`token`", "`items`", "`k`", "(1 to 64)", "`check`: TcpCheck", "`http`"):
         assert expected in text
+
+
+def test_secret_files_are_regular_and_small(tmp_path: Path) -> None:
+    """A secret file is a token or a password: /dev/zero, a FIFO or a huge file is refused
+    without being read whole (an API body once made the manager read /dev/zero)."""
+    import os  # noqa: PLC0415
+
+    from dnslb.config import resolve_secret  # noqa: PLC0415
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 5000)
+    for path, problem in ((Path("/dev/zero"), "cannot read"), (fifo, "cannot read"), (big, "")):
+        with pytest.raises(ValueError, match=problem or "larger"):
+            resolve_secret(f"file:{path}")
+    with pytest.raises(ValueError, match="refused here"):
+        resolve_secret("file:/etc/hostname", refuse_files="refused here")
+    good = tmp_path / "token"
+    good.write_text("  a-token \n")
+    assert resolve_secret(f"file:{good}").reveal() == "a-token"
