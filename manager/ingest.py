@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -139,9 +140,14 @@ class ReportIngest:
         *,
         on_overload: Callable[[], None] | None = None,
         cluster_nodes: Mapping[str, tuple[ClusterController, str]] | None = None,
+        seq_reset_after: float = math.inf,
     ) -> None:
         self.fleet = fleet
         self.monotonic = monotonic
+        # A report with a lower seq is taken once the last one is this old (the manager's
+        # down_after): an agent whose clock went back, or a server whose seq someone holding its
+        # token drove to 2^63-1, is not shut out for good.
+        self.seq_reset_after = seq_reset_after
         self.on_overload = on_overload
         self.cluster_nodes = cluster_nodes or {}  # node id -> (its controller, its token's hash)
         self.tokens = TokenIndex(
@@ -215,12 +221,17 @@ class ReportIngest:
             raise _not_yours(report.server_id)
         if not self._may_report(server, credential):
             raise _not_yours(report.server_id)
-        if server.report is not None and report.seq <= server.report.seq:
+        now = self.monotonic()
+        if (
+            server.report is not None
+            and report.seq <= server.report.seq
+            and (server.report_at is None or now - server.report_at <= self.seq_reset_after)
+        ):
             raise Rejected(
                 409, "stale_seq", f"stale seq {report.seq}: already have {server.report.seq}"
             )
         server.report = report
-        server.report_at = self.monotonic()
+        server.report_at = now
         server.count_served(report.served_total)
         utilization = report.utilization
         if (

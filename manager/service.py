@@ -107,6 +107,7 @@ class Manager:
             self.clock.monotonic,
             on_overload=self._overload,
             cluster_nodes=cluster_nodes,
+            seq_reset_after=self.config.down_after,
         )
         self.started_at = self.clock.monotonic()
         self.version = int(self.store.get_meta("plan_version") or 0)

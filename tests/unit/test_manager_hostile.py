@@ -293,3 +293,23 @@ def test_members_a_backend_would_refuse_never_enter(lab: Lab, member: str, probl
     with pytest.raises(ConfigError) as caught:
         api_pool(f'{{"name": "api", "zone": "example.test", "members": [{member}]}}')
     assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_a_poisoned_seq_shuts_the_real_agent_out_only_until_down_after(lab: Lab) -> None:
+    """A report with seq 2^63-1 (its token holder may send one) made every later report of the
+    real agent a 409 for as long as the manager ran."""
+    body = {
+        "server_id": "s1",
+        "seq": 2**63 - 1,
+        "time": lab.clock.time(),
+        "in_progress": 1,
+        "max_concurrency": 100,
+    }
+    assert post(lab.manager, body) is None
+    lab.clock.advance(1.0)
+    with pytest.raises(Rejected) as refused:
+        lab.report("s1", 10)
+    assert refused.value.status == 409
+    lab.clock.advance(3.0)  # down_after: the server is down by now anyway
+    lab.report("s1", 10)  # taken again
+    assert lab.manager.fleet.servers["s1"].report.seq < 2**63 - 1  # type: ignore[union-attr]
