@@ -23,12 +23,13 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
 from api import errors
-from api.auth import ApiAuth, ASGIApp, BearerAuth, Message, Receive, Scope, Send
+from api.auth import ApiAuth, BearerAuth
 from api.dashboard import CHART_JS, dashboard_router
 from api.metrics import metrics_registry, render
 from api.models import ErrorBody
 from api.routes import GENERIC_OBJECT, MAX_BODY, SpecSchemas, check_query, v1_router
 from dnslb import __version__
+from dnslb.asgi import ASGIApp, Message, Receive, Scope, Send, declared_length
 from dnslb.control import ManagerControl
 
 DESCRIPTION = """\
@@ -54,7 +55,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _declared_length(scope)
+        declared = declared_length(scope)
         if declared is not None and declared > self.limit:
             await self._refuse(send)
             return
@@ -97,16 +98,6 @@ class BodyLimit:
         ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
-
-
-def _declared_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            digits = value.strip().lstrip(b"0") or b"0"
-            if not digits.isdigit():
-                return None
-            return int(digits) if len(digits) <= 18 else 10**18  # int() of 5,000 digits raises
-    return None
 
 
 class ApiApp(FastAPI):

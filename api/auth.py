@@ -16,18 +16,12 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
+from dnslb.asgi import ASGIApp, Receive, Scope, Send, bearer_token, has_body
 from dnslb.tokens import token_hash
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 PUBLIC_PATHS = frozenset({"/"})
@@ -95,7 +89,7 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         token = bearer_token(scope)
-        close = _has_body(scope)
+        close = has_body(scope)
         if token is None:
             await _refuse(send, 401, "missing bearer token (Authorization: Bearer TOKEN)", close)
             return
@@ -112,25 +106,6 @@ class BearerAuth:
             )
             return
         await self.app(scope, receive, send)
-
-
-def bearer_token(scope: Scope) -> str | None:
-    """The token of an ``Authorization: Bearer`` header, or None."""
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            token = token.strip()
-            return token if scheme.lower() == "bearer" and token else None
-    return None
-
-
-def _has_body(scope: Scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.strip() not in (b"", b"0"):
-            return True
-        if name == b"transfer-encoding":
-            return True
-    return False
 
 
 async def _refuse(send: Send, status: int, message: str, close: bool) -> None:

@@ -23,7 +23,7 @@ import logging
 import resource
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -32,16 +32,12 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from dnslb.asgi import ASGIApp, Receive, Scope, Send, bearer_token, declared_length, has_body
 from dnslb.errors import ProcessError
 from manager.ingest import Rejected, ReportIngest
 
 log = logging.getLogger("dnslb.manager.http")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
 _CLOSE = (b"connection", b"close")
@@ -124,38 +120,6 @@ class ManagerApp:
             return
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
-
-
-def bearer_token(scope: Scope) -> str | None:
-    """The token of an ``Authorization: Bearer`` header, or None."""
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            token = token.strip()
-            return token if scheme.lower() == "bearer" and token else None
-    return None
-
-
-def declared_length(scope: Scope) -> int | None:
-    """The request's ``Content-Length``, or None when it has none (the HTTP parser has already
-    refused a malformed or repeated one)."""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            digits = value.strip().lstrip(b"0") or b"0"
-            if not digits.isdigit():
-                return None
-            return int(digits) if len(digits) <= 18 else 10**18  # int() of 5,000 digits raises
-    return None
-
-
-def has_body(scope: Scope) -> bool:
-    """True when a request declares a body (a length above zero, or chunks)."""
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.strip() not in (b"", b"0"):
-            return True
-        if name == b"transfer-encoding":
-            return True
-    return False
 
 
 def listen(address: str, port: int) -> socket.socket:

@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from dnslb.asgi import ASGIApp
 from dnslb.clock import Clock, SystemClock
 from dnslb.config import parse_config, to_document
 from dnslb.control import AdminAction, Conflict, NotFound
@@ -40,7 +41,7 @@ from manager.clusters import ClusterController, HttpTablePusher
 from manager.config import LoadedConfig, MemberConfig, PoolConfig
 from manager.fleet import Fleet, PoolRuntime, ServerRuntime
 from manager.health import HealthChecker
-from manager.http import ASGIApp, HttpLimits, HttpServer, ManagerApp, listen
+from manager.http import HttpLimits, HttpServer, ManagerApp, listen
 from manager.ingest import ReportIngest
 from manager.lifecycle import PROPAGATION, PoolLifecycle
 from manager.planner import build_plan, health_of, plan_zones
