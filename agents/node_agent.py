@@ -6,12 +6,17 @@ One runs on each node that shares the cluster's VIP. It
   accepted) until the manager pushes a table;
 * serves ``POST /v1/table`` (bearer token): validates the table, refuses one older than the table
   it holds (409), applies this node's active buckets in one transaction, and answers with what it
-  now holds; ``GET /v1/table`` tells what it holds;
+  now holds; ``GET /v1/table`` tells what it holds. The listener (:class:`AgentHttpServer`)
+  checks the token and the body's length before reading the body, drops connections that are
+  slow to send (:data:`HEADER_TIMEOUT`, :data:`BODY_TIMEOUT`) and caps how many are open
+  (:data:`MAX_CONNECTIONS`, strangers evicted first), all in one event loop: hostile clients
+  cost sockets for seconds, never threads, and never keep the manager's push out;
 * posts a heartbeat to ``{manager_url}/v1/reports`` every ``heartbeat_interval`` seconds: a
   :class:`~dnslb.report.Report` with its connections to the VIP, its capacity and the table it
   holds. When the manager is unreachable it backs off (up to ``backoff_max``) and keeps going;
-* renews a short lease in the kernel every third of ``lease``: if the agent dies, the node stops
-  taking new connections by itself before the manager gives its buckets away;
+* renews a short lease in the kernel just before each heartbeat (:class:`LeaseKeeper`): if the
+  agent dies, the node stops taking new connections by itself at most ``lease`` after the manager
+  last heard it, so before the manager gives its buckets away;
 * fences itself when stopped, so that it never accepts buckets the manager has given away.
 
 Everything it reads comes from one :class:`NodeAgentConfig`.
@@ -19,20 +24,25 @@ Everything it reads comes from one :class:`NodeAgentConfig`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import hmac
 import http.client
 import json
 import logging
+import math
 import os
 import signal
 import socket
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,15 +50,27 @@ from typing import Any
 from agents.dispatch_drivers import DRIVERS, DispatchDriver, NodeRules, create_driver
 from agents.dispatch_drivers.nft_ruleset import check_table_name, check_vip
 from agents.vip_connections import VipConnections, VipLoad
-from dnslb.dispatch import MAX_BUCKETS, MAX_ID_LENGTH, BucketTable, parse_table_json
+from dnslb.dispatch import MAX_BUCKETS, BucketTable, parse_table_json
 from dnslb.errors import ConfigError, DnslbError, ProcessError, ProtocolError
-from dnslb.report import Report, TableHeld, report_to_dict
+from dnslb.report import MAX_COUNT, Report, TableHeld, id_problem, report_to_dict
 
 log = logging.getLogger(__name__)
 
 MIN_TOKEN_LENGTH = 16
 MAX_TABLE_BODY = 4 * 1024 * 1024  # a 65,536-bucket table with long node ids fits
 MANAGER_TIMEOUT = 2.0
+MAX_CONNECTIONS = 64
+"""Connections the push listener keeps open (the manager needs one or two)."""
+HEADER_TIMEOUT = 5.0
+"""Seconds a connection has to send a request's head (line and headers) in full."""
+BODY_TIMEOUT = 10.0
+"""Seconds an authenticated request has to send its body, and a client to read the answer."""
+IDLE_TIMEOUT = 30.0
+"""Seconds an authenticated keep-alive connection may wait for its next request."""
+MAX_HEADER_BYTES = 16 * 1024
+LINGER = 1.0
+"""Seconds a refused request's unread body is read and dropped before the connection closes."""
+LINGER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,18 +90,21 @@ class NodeAgentConfig:
     backoff_max: float = 2.0
     max_concurrency: int = 1000
     service_ports: tuple[int, ...] = ()
-    nft_table: str = "dnslb"
+    nft_table: str = "dnslb"  # created and marked by the agent; an unmarked one is refused
     require_listener: bool = True
-    # Without a renewal for this long the node stops taking new connections (0: never). Keep it
-    # below the manager's failover_after (0.3 s by default).
+    # Leave net.netfilter.nf_conntrack_tcp_loose as it is (it is host-wide in the network
+    # namespace; docs/clusters.md says what setting it to 0 buys and costs).
+    keep_tcp_loose: bool = False
+    # Without a renewal for this long the node stops taking new connections (0: never). It is
+    # renewed before each heartbeat, so it must be longer than heartbeat_interval; keep it below
+    # the manager's failover_after (0.3 s by default).
     lease: float = 0.25
 
     def __post_init__(self) -> None:
         problems: list[str] = []
         for name in ("cluster", "node_id"):
-            value = getattr(self, name)
-            if not 0 < len(value) <= MAX_ID_LENGTH:
-                problems.append(f"{name}: must be 1 to {MAX_ID_LENGTH} characters")
+            if problem := id_problem(getattr(self, name)):
+                problems.append(f"{name}: {problem}")
         try:
             check_vip(self.vip)
         except ValueError:
@@ -102,8 +127,13 @@ class NodeAgentConfig:
             problems.append("backoff_max: must be at least heartbeat_interval")
         if self.lease != 0 and not 0.05 <= self.lease <= 60:
             problems.append("lease: must be 0 (off) or 0.05 to 60 seconds")
-        if self.max_concurrency < 1:
-            problems.append("max_concurrency: must be >= 1")
+        elif self.lease != 0 and self.manager_url and self.lease < 2 * self.heartbeat_interval:
+            problems.append(
+                "lease: must be at least twice heartbeat_interval (it is renewed before "
+                "each heartbeat)"
+            )
+        if not 1 <= self.max_concurrency <= MAX_COUNT:
+            problems.append(f"max_concurrency: must be 1..{MAX_COUNT} (what a report may carry)")
         if any(not 1 <= port <= 65535 for port in self.service_ports):
             problems.append("service_ports: each must be 1..65535")
         try:
@@ -121,6 +151,8 @@ class NodeAgentConfig:
             table_name=self.nft_table,
             require_listener=self.require_listener,
             lease=self.lease,
+            owner=self.cluster,
+            set_tcp_loose=not self.keep_tcp_loose,
         )
 
 
@@ -192,7 +224,11 @@ class NodeAgent:
         return hmac.compare_digest((header or "").encode(), expected)
 
     def receive_table(self, body: bytes) -> Reply:
-        """Validate and apply a pushed table; the reply says what the node holds afterwards."""
+        """Validate and apply a pushed table; the reply says what the node holds afterwards.
+        Never raises: a table is refused with a 4xx reply (a 500 when the driver failed) and
+        changes nothing, or is applied whole."""
+        if len(body) > MAX_TABLE_BODY:  # the listener refuses these before reading them
+            return Reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "table too large"})
         try:
             table = parse_table_json(body)
         except ProtocolError as exc:
@@ -305,16 +341,86 @@ class ManagerLink:
             self._connection = None
 
 
+class LeaseKeeper:
+    """Renews the node's lease so that it never outlives the last heartbeat the manager may have
+    heard by more than ``lease`` seconds.
+
+    The heartbeat loop calls :meth:`before_post` just before each post: a renewal is then never
+    later than the heartbeat that follows it, and the manager's clock for the node (when it heard
+    the last heartbeat) is never earlier than the last renewal. A node whose agent dies therefore
+    stops taking new connections at most ``lease`` after the manager last heard it, before the
+    manager (``failover_after`` > ``lease``) gives its buckets to other nodes, however the agent's
+    threads were scheduled. Renewing on a timer of its own instead, as the agent did before, let
+    the last renewal come up to a heartbeat interval after the last heartbeat: both the dead
+    node and the bucket's new owner then answered the same SYN, and the client got a reset.
+
+    While posts fail (the manager is down or unreachable) or no manager is configured,
+    :meth:`loop` renews the lease on its own every third of ``lease``, so that an outage of the
+    manager does not fence the whole cluster. Then, and while a post hangs (no renewal until it
+    ends or times out), the lease protects nothing: a manager that cannot hear a live agent fails
+    its node over anyway (docs/clusters.md).
+    """
+
+    def __init__(self, driver: DispatchDriver, lease: float, *, heartbeats: bool) -> None:
+        self._driver = driver
+        self.lease = lease
+        self._lock = threading.Lock()
+        self._on_own = not heartbeats
+        self._failing = False
+
+    def _renew(self) -> None:
+        try:
+            self._driver.renew()
+        except ProcessError as exc:
+            if not self._failing:
+                log.warning("lease not renewed (the node stops taking new connections): %s", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("lease renewed again")
+        self._failing = False
+
+    def before_post(self) -> None:
+        """Renew the lease for the heartbeat about to be posted; the timer stays off until the
+        post fails."""
+        with self._lock:
+            self._on_own = False
+            self._renew()
+
+    def post_failed(self) -> None:
+        """The heartbeat did not reach the manager: renew on the timer until one does."""
+        with self._lock:
+            self._on_own = True
+
+    def loop(self, stop: threading.Event) -> None:
+        """Renew every third of ``lease`` while the lease is on its own, until ``stop``."""
+        while not stop.wait(self.lease / 3):
+            with self._lock:
+                if self._on_own:
+                    self._renew()
+
+
 def heartbeat_loop(
-    agent: NodeAgent, link: ManagerLink, stop: threading.Event, interval: float, backoff_max: float
+    agent: NodeAgent,
+    link: ManagerLink,
+    stop: threading.Event,
+    interval: float,
+    backoff_max: float,
+    *,
+    lease: LeaseKeeper | None = None,
 ) -> None:
-    """Post a report every ``interval`` until ``stop``; back off while the manager fails."""
+    """Post a report every ``interval`` until ``stop``; back off while the manager fails. With a
+    ``lease``, renew it just before each post."""
     delay = 0.0
     failing = False
     while not stop.wait(delay):
+        if lease is not None:
+            lease.before_post()
         try:
             link.post(agent.report())
         except ProtocolError as exc:
+            if lease is not None:
+                lease.post_failed()
             if not failing:
                 log.warning("%s; retrying with backoff up to %.1f s", exc, backoff_max)
             failing = True
@@ -327,85 +433,282 @@ def heartbeat_loop(
     link.close()
 
 
-def lease_loop(driver: DispatchDriver, stop: threading.Event, interval: float) -> None:
-    """Renew the driver's lease every ``interval`` until ``stop``; a failure is said once."""
-    failing = False
-    while not stop.wait(interval):
-        try:
-            driver.renew()
-        except ProcessError as exc:
-            if not failing:
-                log.warning("lease not renewed (the node stops taking new connections): %s", exc)
-            failing = True
-            continue
-        if failing:
-            log.info("lease renewed again")
-        failing = False
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    """How much the push listener gives a connection before it is dropped."""
+
+    max_connections: int = MAX_CONNECTIONS
+    header_timeout: float = HEADER_TIMEOUT
+    body_timeout: float = BODY_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT
+    max_header_bytes: int = MAX_HEADER_BYTES
 
 
-class _TableHandler(BaseHTTPRequestHandler):
-    server: AgentHttpServer
-    protocol_version = "HTTP/1.1"  # keep-alive, so the manager's pushes reuse a connection
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body leave in two writes; with Nagle on, the body waits for the
-        # manager's delayed ACK (40 ms on Linux), longer than applying the table takes.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def _send(self, reply: Reply) -> None:
-        data = json.dumps(reply.body).encode()
-        self.send_response(reply.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if reply.status == HTTPStatus.UNAUTHORIZED:
-            self.send_header("WWW-Authenticate", 'Bearer realm="dnslb node agent"')
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorized(self) -> bool:
-        if self.server.agent.authorized(self.headers.get("Authorization")):
-            return True
-        self._send(Reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"}))
-        return False
-
-    def do_GET(self) -> None:
-        if self.path != "/v1/table":
-            self._send(Reply(HTTPStatus.NOT_FOUND, {"error": f"no such resource {self.path}"}))
-        elif self._authorized():
-            self._send(self.server.agent.holding())
-
-    def do_POST(self) -> None:
-        if self.path != "/v1/table":
-            self._send(Reply(HTTPStatus.NOT_FOUND, {"error": f"no such resource {self.path}"}))
-            return
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self.close_connection = True
-            self._send(Reply(HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length required"}))
-            return
-        if not 0 <= length <= MAX_TABLE_BODY:
-            self.close_connection = True
-            self._send(Reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "table too large"}))
-            return
-        body = self.rfile.read(length)
-        if self._authorized():
-            self._send(self.server.agent.receive_table(body))
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http %s: " + format, self.address_string(), *args)
+@dataclass(eq=False)
+class _Connection:
+    writer: asyncio.StreamWriter
+    task: asyncio.Task[None] | None
+    trusted: bool = False  # it sent this agent's token: never evicted for a stranger
 
 
-class AgentHttpServer(ThreadingHTTPServer):
-    """The table push endpoint; one thread per connection."""
+class _Refused(Exception):
+    """A request answered with an error before its body was read; the connection closes."""
 
-    daemon_threads = True
-    block_on_close = False
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
-    def __init__(self, address: tuple[str, int], agent: NodeAgent) -> None:
+
+class AgentHttpServer:
+    """The table push endpoint (``GET``/``POST /v1/table``), hardened against slow and hostile
+    clients. One event loop in the thread that calls :meth:`serve_forever` serves every
+    connection; tables are applied in one worker thread. So:
+
+    * the bearer token and ``Content-Length`` (at most :data:`MAX_TABLE_BODY`) are checked from
+      the headers before a byte of the body is read; any refusal closes the connection;
+    * the request head must arrive within ``header_timeout`` (a keep-alive connection that has
+      authenticated may wait ``idle_timeout`` for its next request) and the body within
+      ``body_timeout``, else the connection is dropped: a slowloris holds a socket for seconds,
+      never a thread;
+    * at most ``max_connections`` are open: a new one evicts the oldest connection that has not
+      authenticated (the manager's connections, once authenticated, are never evicted), or is
+      closed at once when every open connection has authenticated.
+
+    The interface follows ``socketserver``: bound on construction (``OSError`` then), then
+    :meth:`serve_forever`, :meth:`shutdown` from another thread, :meth:`server_close`.
+    ``stats`` counts what was refused or dropped.
+    """
+
+    def __init__(
+        self, address: tuple[str, int], agent: NodeAgent, limits: ListenerLimits | None = None
+    ) -> None:
         self.agent = agent
-        super().__init__(address, _TableHandler)
+        self.limits = limits or ListenerLimits()
+        host = address[0]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.create_server(address, family=family, backlog=128)
+        self.server_address: tuple[Any, ...] = self.socket.getsockname()
+        self.stats: Counter[str] = Counter()
+        self._connections: dict[int, _Connection] = {}  # in the order they came: oldest first
+        self._state = threading.Lock()
+        self._closing = False
+        self._wake: Callable[[], object] | None = None
+        self._done = threading.Event()
+        self._last_warned = -math.inf
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now (read from any thread; approximate while it changes)."""
+        return len(self._connections)
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until :meth:`shutdown` (``poll_interval`` is accepted for compatibility)."""
+        self._done.clear()
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._done.set()
+
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` and wait for it to return."""
+        with self._state:
+            self._closing = True
+            wake = self._wake
+        if wake is not None:
+            wake()
+            self._done.wait()
+
+    def server_close(self) -> None:
+        """Close the listening socket."""
+        self.socket.close()
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        with self._state:
+            if self._closing:
+                return
+            self._wake = functools.partial(loop.call_soon_threadsafe, stop.set)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="table-apply")
+        server = await asyncio.start_server(
+            self._accept, sock=self.socket, limit=self.limits.max_header_bytes
+        )
+        try:
+            await stop.wait()
+        finally:
+            server.close()
+            for connection in list(self._connections.values()):
+                connection.writer.transport.abort()
+                if connection.task is not None:
+                    connection.task.cancel()
+            tasks = [c.task for c in self._connections.values() if c.task is not None]
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(writer, asyncio.current_task())
+        key = id(connection)
+        if len(self._connections) >= self.limits.max_connections:
+            victim = next((c for c in self._connections.values() if not c.trusted), None)
+            if victim is None:
+                self.stats["refused"] += 1
+                writer.transport.abort()
+                return
+            self.stats["evicted"] += 1
+            self._connections.pop(id(victim), None)
+            victim.writer.transport.abort()
+            self._warn_full()
+        self._connections[key] = connection
+        try:
+            await self._converse(reader, writer, connection)
+        except TimeoutError:
+            self.stats["timed_out"] += 1
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:  # a bug of ours; the listener goes on
+            log.exception("push connection failed")
+        finally:
+            self._connections.pop(key, None)
+            writer.transport.abort()  # closed already, or dropped: slow, gone or evicted
+
+    def _warn_full(self) -> None:
+        now = time.monotonic()
+        if now - self._last_warned >= 60:
+            self._last_warned = now
+            log.warning(
+                "push listener full (%d connections): dropping the oldest unauthenticated ones "
+                "(%d so far)",
+                self.limits.max_connections,
+                self.stats["evicted"],
+            )
+
+    async def _converse(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection
+    ) -> None:
+        limits = self.limits
+        while True:
+            wait = limits.idle_timeout if connection.trusted else limits.header_timeout
+            try:
+                async with asyncio.timeout(wait):
+                    head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError:
+                refused = _Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "head too large")
+                await self._refuse(reader, writer, refused)
+                return
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    self.stats["incomplete"] += 1
+                return
+            try:
+                keep_alive, body_length, handler = self._admit(head, connection)
+            except _Refused as refused:
+                await self._refuse(reader, writer, refused)
+                return
+            body = b""
+            if body_length:
+                async with asyncio.timeout(limits.body_timeout):
+                    body = await reader.readexactly(body_length)
+            loop = asyncio.get_running_loop()
+            try:
+                reply = await loop.run_in_executor(self._executor, handler, body)
+            except Exception:  # a bug of ours: answer 500, keep serving, say it
+                log.exception("table request failed")
+                reply = Reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
+            await self._answer(writer, reply, keep_alive=keep_alive)
+            if not keep_alive:
+                await self._close(reader, writer, linger=False)
+                return
+
+    async def _refuse(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, refused: _Refused
+    ) -> None:
+        self.stats[f"refused {refused.status.value}"] += 1
+        reply = Reply(refused.status, {"error": refused.message})
+        await self._answer(writer, reply, keep_alive=False)
+        await self._close(reader, writer, linger=True)
+
+    async def _close(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, linger: bool
+    ) -> None:
+        """Close after the last answer: all of it sent, then FIN. With ``linger`` (the request's
+        body was not read), what the client still sends is read and dropped for a moment
+        (:data:`LINGER` seconds, :data:`LINGER_BYTES` at most): closing with unread data would
+        reset the connection, and the client might lose the answer before reading it."""
+        if writer.can_write_eof():
+            writer.write_eof()
+        if linger:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LINGER):
+                    dropped = 0
+                    while dropped < LINGER_BYTES and (chunk := await reader.read(65536)):
+                        dropped += len(chunk)
+        writer.close()
+        async with asyncio.timeout(self.limits.body_timeout):
+            await writer.wait_closed()
+
+    def _admit(
+        self, head: bytes, connection: _Connection
+    ) -> tuple[bool, int, Callable[[bytes], Reply]]:
+        """Check a request head (before any body is read): the request line, the token, the
+        length. Returns (keep-alive, body length, what answers it); raises :class:`_Refused`."""
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
+            raise _Refused(HTTPStatus.BAD_REQUEST, "malformed request line")
+        method, target, version = parts
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, colon, value = line.partition(":")
+            name = name.lower()
+            if not colon or not name or name != name.strip():
+                raise _Refused(HTTPStatus.BAD_REQUEST, "malformed header line")
+            if name in headers and name in ("content-length", "authorization", "transfer-encoding"):
+                raise _Refused(HTTPStatus.BAD_REQUEST, f"{name} given twice")
+            headers[name] = value.strip()
+        if target != "/v1/table":
+            raise _Refused(HTTPStatus.NOT_FOUND, "no such resource")
+        if method not in ("GET", "POST"):
+            raise _Refused(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed")
+        if not self.agent.authorized(headers.get("authorization")):
+            raise _Refused(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
+        connection.trusted = True
+        if "transfer-encoding" in headers:
+            raise _Refused(HTTPStatus.LENGTH_REQUIRED, "send the table with a Content-Length")
+        text = headers.get("content-length", "0" if method == "GET" else "")
+        if not text.isdigit() or not text.isascii():
+            raise _Refused(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
+        if len(text) > 12 or int(text) > MAX_TABLE_BODY:
+            raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "table too large")
+        length = int(text)
+        keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        if method == "GET":
+            if length:
+                raise _Refused(HTTPStatus.BAD_REQUEST, "GET takes no body")
+            return keep_alive, 0, lambda body: self.agent.holding()
+        if headers.get("expect", "").lower() == "100-continue":
+            connection.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return keep_alive, length, self.agent.receive_table
+
+    async def _answer(
+        self, writer: asyncio.StreamWriter, reply: Reply, *, keep_alive: bool
+    ) -> None:
+        data = json.dumps(reply.body).encode()
+        status = HTTPStatus(reply.status)
+        lines = [
+            f"HTTP/1.1 {status.value} {status.phrase}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(data)}",
+        ]
+        if status == HTTPStatus.UNAUTHORIZED:
+            lines.append('WWW-Authenticate: Bearer realm="dnslb node agent"')
+        if not keep_alive:
+            lines.append("Connection: close")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+        async with asyncio.timeout(self.limits.body_timeout):  # a client that reads nothing
+            await writer.drain()
 
 
 def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
@@ -440,10 +743,10 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
     )
     serving.start()
     renewing: threading.Thread | None = None
+    keeper: LeaseKeeper | None = None
     if config.lease > 0:
-        renewing = threading.Thread(
-            target=lease_loop, args=(driver, stop, config.lease / 3), name="lease", daemon=True
-        )
+        keeper = LeaseKeeper(driver, config.lease, heartbeats=config.manager_url is not None)
+        renewing = threading.Thread(target=keeper.loop, args=(stop,), name="lease", daemon=True)
         renewing.start()
     beating: threading.Thread | None = None
     if config.manager_url is not None:
@@ -451,6 +754,7 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
         beating = threading.Thread(
             target=heartbeat_loop,
             args=(agent, link, stop, config.heartbeat_interval, config.backoff_max),
+            kwargs={"lease": keeper},
             name="heartbeat",
             daemon=True,
         )

@@ -678,8 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--lease",
         type=float,
         default=0.25,
-        help="seconds the node takes new connections without its agent (0: forever; keep it "
-        "below the manager's failover_after) (default %(default)s)",
+        help="seconds the node takes new connections without its agent, renewed before each "
+        "heartbeat (0: forever; at least twice --heartbeat-interval, below the manager's "
+        "failover_after) (default %(default)s)",
     )
     node.set_defaults(handler=_node_agent)
 

@@ -42,6 +42,8 @@ from typing import Any
 
 from dnslb.errors import ProtocolError
 from dnslb.jhash import nft_bucket
+from dnslb.plan import show
+from dnslb.report import id_problem
 
 MIN_BUCKETS = 1
 MAX_BUCKETS = 65536
@@ -118,18 +120,29 @@ class BucketTable:
 
 def _table_problems(cluster: object, version: object, seed: object, buckets: object) -> list[str]:
     problems: list[str] = []
-    if not isinstance(cluster, str) or not 0 < len(cluster) <= MAX_ID_LENGTH:
-        problems.append(f"cluster: must be a string of 1 to {MAX_ID_LENGTH} characters")
+    if problem := id_problem(cluster):
+        problems.append(f"cluster: {problem}")
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
-        problems.append(f"version: must be an integer from 0 to 2^63-1, not {version!r}")
+        problems.append(f"version: must be an integer from 0 to 2^63-1, not {show(version)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        problems.append(f"seed: must be an integer from 0 to 2^32-1, not {seed!r}")
+        problems.append(f"seed: must be an integer from 0 to 2^32-1, not {show(seed)}")
     if not isinstance(buckets, Sequence) or isinstance(buckets, str | bytes):
         problems.append("buckets: must be a list of [active, backup] pairs")
         return problems
     if not MIN_BUCKETS <= len(buckets) <= MAX_BUCKETS:
         problems.append(f"buckets: must hold {MIN_BUCKETS} to {MAX_BUCKETS}, not {len(buckets)}")
-    names: set[object] = set()
+        return problems  # a claimed million buckets is not worth walking through
+    names: set[str] = set()
+    checked: dict[object, str | None] = {}  # a table names a few nodes thousands of times
+
+    def node_problem(value: object) -> str | None:
+        if isinstance(value, str) and value in checked:
+            return checked[value]
+        problem = id_problem(value)
+        if isinstance(value, str):
+            checked[value] = problem
+        return problem
+
     null_backup = False
     for index, pair in enumerate(buckets):
         if len(problems) >= 20:
@@ -139,15 +152,16 @@ def _table_problems(cluster: object, version: object, seed: object, buckets: obj
             problems.append(f"buckets[{index}]: must be a pair [active, backup]")
             continue
         active, backup = pair
-        if not _is_node_id(active):
-            problems.append(f"buckets[{index}][0]: node id must be a string of 1 to 128 characters")
-        names.add(active)
+        if problem := node_problem(active):
+            problems.append(f"buckets[{index}][0]: node id {problem}")
+        else:
+            names.add(active)
         if backup is None:
             null_backup = True
-        elif not _is_node_id(backup):
-            problems.append(f"buckets[{index}][1]: node id must be a string or null")
+        elif problem := node_problem(backup):
+            problems.append(f"buckets[{index}][1]: node id {problem} (or null)")
         elif backup == active:
-            problems.append(f"buckets[{index}]: backup is the active node {active!r}")
+            problems.append(f"buckets[{index}]: backup is the active node {show(active)}")
         else:
             names.add(backup)
     if null_backup and len(names) > 1:
@@ -156,7 +170,7 @@ def _table_problems(cluster: object, version: object, seed: object, buckets: obj
 
 
 def _is_node_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH
+    return id_problem(value) is None
 
 
 # --- the maths ---------------------------------------------------------------------------------
@@ -396,9 +410,12 @@ def parse_table(document: object) -> BucketTable:
 
 
 def parse_table_json(data: bytes | str) -> BucketTable:
-    """Decode and validate a JSON table; raises :class:`ProtocolError` for bad JSON too."""
+    """Decode and validate a JSON table; raises :class:`ProtocolError` for bad JSON too (deep
+    nesting, integers too long to read, invalid UTF-8), never anything else."""
     try:
         document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"invalid dispatch table: not JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("invalid dispatch table: not JSON: nested too deep") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of 5,000 digits
+        raise ProtocolError(f"invalid dispatch table: not JSON: {str(exc)[:200]}") from None
     return parse_table(document)

@@ -3,7 +3,7 @@
 A driver owns one cluster's rules on one node. The node agent calls :meth:`install` once at start
 (the node is then **fenced**: it accepts no new connection to the VIP, while connections it
 already holds go on), then :meth:`apply` with this node's active buckets for every table it
-accepts, :meth:`renew` every fraction of the lease, and :meth:`fence` when it stops. Each call
+accepts, :meth:`renew` before each heartbeat, and :meth:`fence` when it stops. Each call
 is all-or-nothing: when it raises :class:`~dnslb.errors.ProcessError`, the rules are as they were
 before the call.
 """
@@ -29,6 +29,11 @@ class NodeRules:
     # (0: forever). Shorter than the manager's failover_after, it makes a node whose agent died
     # stop accepting before the manager hands its buckets to other nodes.
     lease: float = 0.0
+    # The cluster the table is for: written into the table's comment, the mark by which the agent
+    # knows the table is its own (it never replaces a table without it).
+    owner: str = ""
+    # Set net.netfilter.nf_conntrack_tcp_loose to 0 at install (host-wide in the namespace).
+    set_tcp_loose: bool = True
 
 
 class DispatchDriver(ABC):
@@ -41,7 +46,9 @@ class DispatchDriver(ABC):
 
     @abstractmethod
     def install(self) -> None:
-        """Install (or replace) the base ruleset, fenced: no bucket is accepted."""
+        """Install (or replace) the base ruleset, fenced: no bucket is accepted. Raises
+        :class:`~dnslb.errors.ConfigError` when ``rules.table_name`` names a table that this
+        driver did not create (it is left alone)."""
 
     @abstractmethod
     def apply(self, buckets: Sequence[int], bucket_count: int, seed: int) -> None:
@@ -54,4 +61,4 @@ class DispatchDriver(ABC):
 
     @abstractmethod
     def renew(self) -> None:
-        """Extend the lease by ``rules.lease`` seconds (called every fraction of it)."""
+        """Restart the lease: ``rules.lease`` seconds from now (called before each heartbeat)."""

@@ -33,7 +33,7 @@ class DryRunDriver(DispatchDriver):
         log.info("dry-run: would run nft -f - with:\n%s", script.rstrip())
 
     def install(self) -> None:
-        self._keep(render_base(self.rules.vip, self.rules.table_name))
+        self._keep(render_base(self.rules.vip, self.rules.table_name, owner=self.rules.owner))
         self.installed = True
         self.accepted = frozenset()
 
@@ -44,8 +44,7 @@ class DryRunDriver(DispatchDriver):
             bucket_count,
             seed,
             require_listener=self.rules.require_listener,
-            lease=self.rules.lease,
-            vip=self.rules.vip,
+            leased=self.rules.lease > 0,
         )
         self._keep(script)
         self.accepted = frozenset(buckets)

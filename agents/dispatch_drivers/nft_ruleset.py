@@ -3,6 +3,7 @@
 The base ruleset, for a VIP of 198.51.100.10 (``render_base``)::
 
     table ip dnslb {
+        comment "dnslb node agent for cluster vip-1"   # the agent's mark: see below
         set active { type mark; }            # this node's buckets
         set lease { type ipv4_addr; flags timeout; }   # the VIP while the agent renews it
         chain prerouting {
@@ -42,6 +43,14 @@ Why each piece:
   the manager gives its buckets to other nodes (``ip daddr @lease`` then starts the rule).
 * The set and the classify rule are replaced together in one ``nft -f`` transaction
   (``render_apply``), so there is no instant with an empty set or a rule of another seed.
+* **Ownership.** The agent replaces its table whole at start, so it must never take a table it
+  did not make: a table ``nft_table`` names that exists already is replaced only when it carries
+  the agent's comment (:data:`OWNER_MARK`, naming the same cluster), or is a table of an agent
+  from before the mark (exactly the sets and chains above, no comment). Anything else is refused
+  (:func:`ownership_problem`). A new table is made with ``create table`` (which fails if one
+  appeared meanwhile) and an old one deleted by its handle (which fails if it was replaced
+  meanwhile), both in the same transaction as the rest, so the check cannot be raced into
+  deleting someone else's table.
 """
 
 from __future__ import annotations
@@ -49,11 +58,17 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dnslb.dispatch import MAX_BUCKETS, MAX_SEED
 
 _TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 _ELEMENTS_PER_LINE = 32
+OWNER_MARK = "dnslb node agent"
+"""The start of the comment every table the agent creates carries."""
+_SAFE_OWNER = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # fits in an nft string as it is
+_OUR_SETS = frozenset({"active", "lease"})
+_OUR_CHAINS = frozenset({"prerouting", "input", "vip", "classify"})
 
 
 def check_table_name(name: str) -> str:
@@ -71,13 +86,86 @@ def check_vip(vip: str) -> str:
         raise ValueError(f"{vip!r} is not an IPv4 address") from None
 
 
-def render_base(vip: str, table_name: str) -> str:
-    """The base ruleset, fenced, as one transaction that replaces any previous copy."""
+def owner_comment(owner: str) -> str:
+    """The comment of the table an agent of cluster ``owner`` creates (the cluster is left out
+    when its name holds characters an nft string cannot carry as they are)."""
+    if _SAFE_OWNER.fullmatch(owner):
+        return f"{OWNER_MARK} for cluster {owner}"
+    return OWNER_MARK
+
+
+@dataclass(frozen=True, slots=True)
+class TableListing:
+    """What ``nft -t -a list table`` says of an existing table."""
+
+    handle: int | None
+    comment: str | None
+    sets: frozenset[str]
+    chains: frozenset[str]
+
+
+_HEADER = re.compile(r"table \S+ \S+ \{(?: # handle (\d+))?")
+_COMMENT = re.compile(r'comment "([^"]*)"')
+_MEMBER = re.compile(
+    r"(set|map|chain|flowtable|counter|quota|limit|ct \S+|secmark|synproxy) (\S+) \{"
+)
+
+
+def parse_table_listing(text: str) -> TableListing:
+    """The handle, comment, sets and chains of a table listed by ``nft -t -a list table``
+    (the other kinds of objects count as chains: anything not ours makes it not ours)."""
+    handle: int | None = None
+    comment: str | None = None
+    sets: set[str] = set()
+    chains: set[str] = set()
+    depth = 0
+    for raw in text.splitlines():
+        line = raw.strip()
+        if depth == 0 and (match := _HEADER.match(line)):
+            handle = int(match.group(1)) if match.group(1) else None
+        elif depth == 1 and (match := _COMMENT.fullmatch(line.rstrip(";"))):
+            comment = match.group(1)
+        elif depth == 1 and (match := _MEMBER.match(line)):
+            (sets if match.group(1) == "set" else chains).add(match.group(2))
+        depth += line.count("{") - line.count("}")
+    return TableListing(handle, comment, frozenset(sets), frozenset(chains))
+
+
+def ownership_problem(listing: TableListing, table_name: str, owner: str) -> str | None:
+    """Why an agent of cluster ``owner`` must not replace the listed table, or None when it may
+    (it carries our mark for this cluster, or it is an unmarked table of an agent from before the
+    mark: exactly our sets and chains)."""
+    comment = listing.comment
+    ours = owner_comment(owner)
+    if comment is not None and comment.startswith(OWNER_MARK):
+        if comment in (ours, OWNER_MARK):
+            return None
+        return (
+            f"table ip {table_name} belongs to another node agent ({comment!r}); give this "
+            "agent another nft_table"
+        )
+    if comment is None and listing.sets == _OUR_SETS and listing.chains == _OUR_CHAINS:
+        return None
+    what = f"comment {comment!r}" if comment is not None else "no dnslb comment"
+    return (
+        f"table ip {table_name} exists and was not created by a dnslb node agent ({what}); "
+        f"the agent replaces its table whole, so it refuses to take this one: give it another "
+        f"nft_table, or delete the table (nft delete table ip {table_name}) if it is a leftover"
+    )
+
+
+def render_base(
+    vip: str, table_name: str, *, owner: str = "", replace_handle: int | None = None
+) -> str:
+    """The base ruleset, fenced, as one transaction: it creates the table (marked as ours for
+    cluster ``owner``), after deleting the table with handle ``replace_handle`` (the previous
+    copy, already checked to be ours) when one is given. It fails whole when the table exists
+    and ``replace_handle`` is None, or when that handle is gone."""
     vip = check_vip(vip)
     table = check_table_name(table_name)
+    delete = f"delete table ip handle {replace_handle}\n" if replace_handle is not None else ""
     return f"""\
-table ip {table}
-delete table ip {table}
+{delete}create table ip {table} {{ comment "{owner_comment(owner)}"; }}
 table ip {table} {{
     set active {{
         type mark
@@ -130,17 +218,16 @@ def render_apply(
     seed: int,
     *,
     require_listener: bool,
-    lease: float = 0.0,
-    vip: str = "",
+    leased: bool = False,
 ) -> str:
-    """One transaction: the classify rule and the ``active`` set replaced together (and, with a
-    ``lease``, the lease renewed)."""
+    """One transaction: the classify rule and the ``active`` set replaced together. ``leased``,
+    the rule accepts only while the lease runs; applying a table does not renew it (only a
+    renewal before a heartbeat does: see :class:`agents.node_agent.LeaseKeeper`)."""
     table = check_table_name(table_name)
     rule = render_classify_rule(
-        bucket_count, seed, require_listener=require_listener, leased=lease > 0
+        bucket_count, seed, require_listener=require_listener, leased=leased
     )
-    lines = render_renew(table, vip, lease).splitlines() if lease > 0 else []
-    lines += [
+    lines = [
         f"flush chain ip {table} classify",
         f"add rule ip {table} classify {rule}",
         f"flush set ip {table} active",

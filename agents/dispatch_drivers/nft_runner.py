@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from dnslb.errors import ProcessError
 
 NFT_TIMEOUT = 10.0
+_HANDLE = 1 << 3  # NFT_CTX_OUTPUT_HANDLE: list with "# handle N"
+_TERSE = 1 << 11  # NFT_CTX_OUTPUT_TERSE: list sets without their elements
 
 
 class NftRunner(ABC):
@@ -29,6 +31,11 @@ class NftRunner(ABC):
     @abstractmethod
     def run(self, script: str) -> None:
         """Commit ``script`` whole, or raise."""
+
+    @abstractmethod
+    def output(self, command: str) -> str:
+        """What a listing ``command`` (``list tables``...) prints, terse and with handles;
+        raises :class:`ProcessError` when it fails."""
 
 
 class NftCommand(NftRunner):
@@ -57,6 +64,24 @@ class NftCommand(NftRunner):
             detail = done.stderr.strip().splitlines()
             raise ProcessError(f"nft failed ({done.returncode}): {' | '.join(detail[:6])}")
 
+    def output(self, command: str) -> str:
+        try:
+            done = subprocess.run(
+                [self.nft, "-t", "-a", *command.split()],
+                capture_output=True,
+                text=True,
+                timeout=NFT_TIMEOUT,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise ProcessError(f"nft not found ({self.nft!r}): install nftables") from None
+        except subprocess.TimeoutExpired:
+            raise ProcessError(f"nft did not finish in {NFT_TIMEOUT:.0f} s") from None
+        if done.returncode != 0:
+            detail = done.stderr.strip().splitlines()
+            raise ProcessError(f"nft {command} failed: {' | '.join(detail[:6])}")
+        return done.stdout
+
 
 class LibNftables(NftRunner):
     """``nft_run_cmd_from_buffer`` of libnftables, in this process (one context, one lock)."""
@@ -76,6 +101,11 @@ class LibNftables(NftRunner):
         lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
         lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
         lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+        lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_output_get_flags.restype = ctypes.c_uint
+        lib.nft_ctx_output_get_flags.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
         context = lib.nft_ctx_new(0)
         if not context:
             raise ProcessError("nft_ctx_new failed")
@@ -88,10 +118,28 @@ class LibNftables(NftRunner):
     def run(self, script: str) -> None:
         with self._lock:
             status = self._lib.nft_run_cmd_from_buffer(self._context, script.encode())
+            # Read both buffers every time (reading empties them), so that nothing of this
+            # script is left to show up in the next one's error.
+            self._lib.nft_ctx_get_output_buffer(self._context)
+            error = (self._lib.nft_ctx_get_error_buffer(self._context) or b"").decode()
             if status != 0:
-                error = (self._lib.nft_ctx_get_error_buffer(self._context) or b"").decode()
                 detail = " | ".join(error.strip().splitlines()[:6])
                 raise ProcessError(f"nftables refused the script: {detail or status}")
+
+    def output(self, command: str) -> str:
+        with self._lock:
+            flags = self._lib.nft_ctx_output_get_flags(self._context)
+            self._lib.nft_ctx_output_set_flags(self._context, flags | _HANDLE | _TERSE)
+            try:
+                status = self._lib.nft_run_cmd_from_buffer(self._context, command.encode())
+                text = (self._lib.nft_ctx_get_output_buffer(self._context) or b"").decode()
+                error = (self._lib.nft_ctx_get_error_buffer(self._context) or b"").decode()
+            finally:
+                self._lib.nft_ctx_output_set_flags(self._context, flags)
+            if status != 0:
+                detail = " | ".join(error.strip().splitlines()[:6])
+                raise ProcessError(f"nft {command} failed: {detail or status}")
+            return text
 
 
 def default_runner(nft: str = "nft") -> NftRunner:

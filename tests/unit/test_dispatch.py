@@ -266,7 +266,19 @@ def without(key: str) -> dict[str, Any]:
         pytest.param([], "must be a JSON object", id="not an object"),
         pytest.param(with_changes(extra=1), "extra: unknown field", id="unknown field"),
         pytest.param(without("seed"), "seed: missing", id="missing seed"),
-        pytest.param(with_changes(cluster=""), "cluster: must be a string", id="empty cluster"),
+        pytest.param(with_changes(cluster=""), "cluster: must not be empty", id="empty cluster"),
+        pytest.param(with_changes(cluster=5), "cluster: must be a string", id="integer cluster"),
+        pytest.param(with_changes(cluster="v\tip"), "cluster: holds the control", id="tab"),
+        pytest.param(
+            with_changes(buckets=[["a\nDATA", "b"]]), "buckets[0][0]: node id holds", id="newline"
+        ),
+        pytest.param(
+            with_changes(buckets=[["a", "\ud800"]]), "buckets[0][1]: node id holds", id="surrogate"
+        ),
+        pytest.param(
+            with_changes(buckets=[["a", "b"]] * 70000), "must hold 1 to 65536", id="too many"
+        ),
+        pytest.param(with_changes(buckets=[[["a"], "b"]]), "buckets[0][0]", id="list as id"),
         pytest.param(with_changes(version=-1), "version: must be", id="negative version"),
         pytest.param(with_changes(version=True), "version: must be", id="boolean version"),
         pytest.param(with_changes(version=1.5), "version: must be", id="float version"),
@@ -311,7 +323,9 @@ def test_too_many_problems_are_cut_short():
 
 
 @pytest.mark.parametrize(
-    "data", [b"{", b"\xff", b"", "[1,"], ids=["truncated", "binary", "empty", "text"]
+    "data",
+    [b"{", b"\xff", b"", "[1,", b"[" * 100_000, b'{"version": ' + b"9" * 5000 + b"}"],
+    ids=["truncated", "binary", "empty", "text", "nested 100,000 deep", "5,000 digits"],
 )
 def test_bad_json_is_a_protocol_error(data):
     with pytest.raises(ProtocolError, match="not JSON"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -18,7 +19,10 @@ import pytest
 from agents.dispatch_drivers import DRIVERS, NodeRules, create_driver
 from agents.dispatch_drivers.dry_run import DryRunDriver
 from agents.node_agent import (
+    MAX_TABLE_BODY,
     AgentHttpServer,
+    LeaseKeeper,
+    ListenerLimits,
     ManagerLink,
     NodeAgent,
     NodeAgentConfig,
@@ -50,28 +54,37 @@ def config(**changes: Any) -> NodeAgentConfig:
 
 
 class Served:
-    def __init__(self, agent: NodeAgent, driver: DryRunDriver, url: str) -> None:
-        self.agent, self.driver, self.url = agent, driver, url
+    def __init__(
+        self, agent: NodeAgent, driver: DryRunDriver, url: str, server: AgentHttpServer
+    ) -> None:
+        self.agent, self.driver, self.url, self.server = agent, driver, url, server
+        self.port = int(url.rsplit(":", 1)[1])
 
     def push(self, body: bytes | str, token: str | None = TOKEN) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
         return httpx.post(self.url + "/v1/table", content=body, headers=headers)
 
 
-@pytest.fixture
-def served() -> Iterator[Served]:
+@contextlib.contextmanager
+def serving(limits: ListenerLimits | None = None) -> Iterator[Served]:
     driver = DryRunDriver(NodeRules(vip=VIP))
     agent = NodeAgent(config(), driver, lambda: VipLoad(3, None))
     agent.install()
-    server = AgentHttpServer(("127.0.0.1", 0), agent)
+    server = AgentHttpServer(("127.0.0.1", 0), agent, limits)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
-        yield Served(agent, driver, f"http://127.0.0.1:{server.server_address[1]}")
+        yield Served(agent, driver, f"http://127.0.0.1:{server.server_address[1]}", server)
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    with serving() as result:
+        yield result
 
 
 def table(version: int, **weights: float):
@@ -159,10 +172,19 @@ def test_unknown_paths_are_404(served: Served):
     assert httpx.get(served.url + "/").status_code == 404
 
 
-def test_too_large_a_body_is_refused(served: Served):
-    with socket.create_connection(("127.0.0.1", int(served.url.rsplit(":", 1)[1]))) as conn:
-        conn.sendall(b"POST /v1/table HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n")
+def test_too_large_a_body_is_refused_before_it_is_read(served: Served):
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/table HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n"
+            + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+        )
         assert b" 413 " in conn.recv(200)
+
+
+def test_a_body_past_the_cap_is_refused_by_the_agent_itself_too(served: Served):
+    answer = served.agent.receive_table(b" " * (MAX_TABLE_BODY + 1))
+    assert answer.status == 413
+    assert served.agent.held is None
 
 
 def test_a_failed_apply_is_a_500_and_changes_nothing(served: Served):
@@ -244,12 +266,15 @@ def wait_for(predicate, timeout: float = 5.0) -> bool:
 
 def test_heartbeats_carry_load_and_the_table_held():
     sink = ReportSink()
-    driver = DryRunDriver(NodeRules(vip=VIP))
+    driver = DryRunDriver(NodeRules(vip=VIP, lease=0.25))
     agent = NodeAgent(config(), driver, lambda: VipLoad(7, None))
     agent.install()
     stop = threading.Event()
+    keeper = LeaseKeeper(driver, 0.25, heartbeats=True)
     beat = threading.Thread(
-        target=heartbeat_loop, args=(agent, ManagerLink(sink.url, TOKEN), stop, 0.02, 0.1)
+        target=heartbeat_loop,
+        args=(agent, ManagerLink(sink.url, TOKEN), stop, 0.02, 0.1),
+        kwargs={"lease": keeper},
     )
     beat.start()
     try:
@@ -269,6 +294,7 @@ def test_heartbeats_carry_load_and_the_table_held():
     seqs = [report["seq"] for report in sink.reports]
     assert seqs == sorted(seqs)
     assert len(set(seqs)) == len(seqs)
+    assert driver.renewals >= len(sink.reports)  # the lease was renewed before each heartbeat
 
 
 def test_an_unserving_node_says_why():
@@ -349,6 +375,170 @@ def test_run_serves_until_stopped_and_fences_on_the_way_out():
     assert result == [0]
 
 
+# --- hostile clients (issue 14, item 7: the node agent's listener) ------------------------------
+
+
+def raw(served: Served, data: bytes) -> socket.socket:
+    conn = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    conn.sendall(data)
+    return conn
+
+
+def closed_by_server(conn: socket.socket) -> bool:
+    """Whether the server closed ``conn``: reads until EOF (or a reset)."""
+    try:
+        while conn.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token-wrong-token"])
+def test_the_token_is_checked_before_the_body_is_read(served: Served, token: str | None):
+    head = b"POST /v1/table HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n"
+    if token is not None:
+        head += f"Authorization: Bearer {token}\r\n".encode()
+    with raw(served, head + b"\r\n") as conn:  # and not a byte of the 4 MB announced
+        answer = conn.recv(500)
+        assert answer.startswith(b"HTTP/1.1 401 ")
+        assert b"Connection: close" in answer
+        assert closed_by_server(conn)
+    assert served.server.stats["refused 401"] == 1
+
+
+def test_two_hundred_slow_connections_cost_no_threads_and_the_push_gets_through():
+    limits = ListenerLimits(max_connections=64, header_timeout=30.0)
+    with serving(limits) as served:
+        # One manager push first, so that the apply thread exists before counting.
+        assert served.push(table_to_json(table(1))).status_code == 200
+        threads = threading.active_count()
+        slow = [raw(served, b"POST /v1/table HTTP/1.1\r\nHost: x\r\n") for _ in range(200)]
+        try:
+            assert wait_for(lambda: served.server.stats["evicted"] >= 200 - 64, timeout=60)
+            assert threading.active_count() <= threads + 1
+            assert served.server.open_connections <= 64
+            # The manager's push, while strangers keep the listener full.
+            with httpx.Client(timeout=10) as manager:
+                for version in (2, 3, 4):
+                    answer = manager.post(
+                        served.url + "/v1/table",
+                        content=table_to_json(table(version)),
+                        headers={"Authorization": f"Bearer {TOKEN}"},
+                    )
+                    assert answer.status_code == 200
+                    more = [raw(served, b"GET /v1/table HTTP/1.1\r\n") for _ in range(70)]
+                    slow += more  # evict every stranger before the next push on this connection
+            assert served.agent.held == table(4)
+            assert served.server.stats["refused"] == 0
+        finally:
+            for conn in slow:
+                conn.close()
+
+
+def test_a_slowloris_is_dropped_after_the_header_timeout():
+    with serving(ListenerLimits(header_timeout=0.3)) as served:
+        conn = raw(served, b"POST /v1/table HTTP/1.1\r\n")
+        with conn:
+            dropped = False
+            for _ in range(400):  # a byte every 50 ms, for at most 20 s
+                try:
+                    conn.sendall(b"X")
+                except OSError:
+                    dropped = True
+                    break
+                time.sleep(0.05)
+            assert dropped or closed_by_server(conn)
+        assert served.server.stats["timed_out"] == 1
+
+
+def test_a_body_that_never_comes_is_dropped():
+    with serving(ListenerLimits(body_timeout=0.3)) as served:
+        head = (
+            b"POST /v1/table HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+            + f"Authorization: Bearer {TOKEN}\r\n\r\n{{".encode()
+        )
+        with raw(served, head) as conn:
+            assert closed_by_server(conn)
+        assert served.server.stats["timed_out"] == 1
+        assert served.agent.held is None
+
+
+def test_when_every_connection_has_authenticated_a_stranger_is_refused():
+    with serving(ListenerLimits(max_connections=2)) as served, contextlib.ExitStack() as stack:
+        managers = [stack.enter_context(httpx.Client(timeout=10)) for _ in range(2)]
+        for manager in managers:
+            answer = manager.get(
+                served.url + "/v1/table", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert answer.status_code == 200
+        with raw(served, b"GET /v1/table HTTP/1.1\r\n\r\n") as conn:
+            assert closed_by_server(conn)
+        assert served.server.stats["refused"] == 1
+        # Both kept-alive connections still work.
+        for manager in managers:
+            answer = manager.get(
+                served.url + "/v1/table", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert answer.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        pytest.param(b"POST /v1/table HTTP/1.1\r\nX: " + b"a" * 20000, b" 431 ", id="huge head"),
+        pytest.param(b"NONSENSE\r\n\r\n", b" 400 ", id="bad request line"),
+        pytest.param(b"PUT /v1/table HTTP/1.1\r\n\r\n", b" 405 ", id="PUT"),
+        pytest.param(b"GET /v1/table HTTP/1.1\r\nbad header\r\n\r\n", b" 400 ", id="no colon"),
+        pytest.param(
+            b"POST /v1/table HTTP/1.1\r\nTransfer-Encoding: chunked\r\nAUTH\r\n\r\n",
+            b" 411 ",
+            id="chunked",
+        ),
+        pytest.param(
+            b"POST /v1/table HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 7\r\nAUTH\r\n\r\n",
+            b" 400 ",
+            id="two lengths",
+        ),
+        pytest.param(
+            b"POST /v1/table HTTP/1.1\r\nContent-Length: -5\r\nAUTH\r\n\r\n",
+            b" 411 ",
+            id="negative",
+        ),
+        pytest.param(
+            b"POST /v1/table HTTP/1.1\r\nContent-Length: \xd9\xa3\r\nAUTH\r\n\r\n",
+            b" 411 ",
+            id="Arabic digit",
+        ),
+    ],
+)
+def test_malformed_requests_get_a_clear_error_and_a_closed_connection(
+    served: Served, head: bytes, status: bytes
+):
+    head = head.replace(b"AUTH", f"Authorization: Bearer {TOKEN}".encode())
+    with raw(served, head) as conn:
+        assert status in conn.recv(500)
+        assert closed_by_server(conn)
+
+
+def test_expect_100_continue_is_answered(served: Served):
+    body = table_to_json(table(6))
+    head = (
+        f"POST /v1/table HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+    )
+    with raw(served, head.encode()) as conn:
+        assert conn.recv(100).startswith(b"HTTP/1.1 100 Continue")
+        conn.sendall(body)
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    assert served.agent.held == table(6)
+
+
 # --- configuration -----------------------------------------------------------------------------
 
 
@@ -364,6 +554,14 @@ def test_run_serves_until_stopped_and_fences_on_the_way_out():
         pytest.param({"service_ports": (0,)}, "service_ports:", id="port 0"),
         pytest.param({"nft_table": "x y"}, "nft_table:", id="bad table name"),
         pytest.param({"node_id": ""}, "node_id:", id="empty node id"),
+        pytest.param({"node_id": "n\t1"}, "node_id:", id="tab in node id"),
+        pytest.param({"max_concurrency": 10**10}, "max_concurrency:", id="capacity too large"),
+        pytest.param({"cluster": "vip\n1"}, "cluster:", id="newline in cluster"),
+        pytest.param(
+            {"manager_url": "http://127.0.0.1:1", "heartbeat_interval": 0.2, "lease": 0.25},
+            "lease:",
+            id="lease shorter than two heartbeats",
+        ),
     ],
 )
 def test_bad_settings_are_config_errors(changes, problem):
@@ -428,3 +626,9 @@ def test_the_command_reports_every_problem_at_once(capsys: pytest.CaptureFixture
     assert "4 problems" in err
     for problem in ("--listen 'nope'", "the token is empty", "not an IPv4 address", "'x' unknown"):
         assert problem in err
+
+
+def test_the_rules_carry_the_owner_and_the_tcp_loose_choice():
+    assert config().rules.owner == "vip-1"
+    assert config().rules.set_tcp_loose is True
+    assert config(keep_tcp_loose=True).rules.set_tcp_loose is False
