@@ -2,7 +2,7 @@
 
 The local provider starts a cache server's nginx and agent as two processes of the manager's
 host; a container holds one server, so this command runs both: nginx (:class:`NginxServer`,
-configured by :func:`dnslb.nginx.render_config` from the options, capacity emulation included) as
+configured by :func:`daemons.nginx.render_config` from the options, capacity emulation included) as
 a child process, and the agent (:mod:`agents.agent`) in this process, reading nginx's
 ``stub_status`` on loopback and reporting to the manager. It starts nginx first (the agent must
 never report for a server that does not answer), and ends when it is told to (SIGTERM, SIGINT:
@@ -22,10 +22,10 @@ from pathlib import Path
 from agents.agent import Agent
 from agents.manager_client import ManagerClient
 from agents.sources import create_source
+from daemons.nginx import NginxServer, NginxSettings
 from dnslb.agent_config import AgentConfig
 from dnslb.config import load_config
 from dnslb.errors import ConfigError
-from dnslb.nginx import NginxServer, NginxSettings
 
 log = logging.getLogger("dnslb.cache_server")
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import psutil
 
+from daemons.nginx import NginxServer, NginxSettings
+from daemons.process import stop_group
 from dnslb.agent_config import (
     AgentConfig,
     NginxSourceConfig,
@@ -34,8 +36,6 @@ from dnslb.agent_config import (
     agent_command,
 )
 from dnslb.config import dump_config, resolve_secret
-from dnslb.nginx import NginxServer, NginxSettings
-from dnslb.process import stop_group
 
 
 class Receiver:

@@ -24,8 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from dnslb.lab.settings import LabSettings
-from dnslb.nginx import NginxServer, NginxSettings
+from daemons.nginx import NginxServer, NginxSettings
+from lab.settings import LabSettings
 
 ADDRESS = "127.0.9.1"
 

@@ -8,7 +8,7 @@ What it measures:
    ``query-cache-ttl=0``, ``negquery-cache-ttl=0``) and the same thread counts. The servers run
    side by side and dnsperf visits them in interleaved short rounds, so that this noisy machine's
    drift falls on both alike; the figure is the median QPS of each and the ratio pipe/bind. A
-   third server, pdns + pipe with pdns's caches as :func:`dnslb.pdns.render_config` deploys them,
+   third server, pdns + pipe with pdns's caches as :func:`daemons.pdns.render_config` deploys them,
    is measured in the same rounds for information. pdns's own counters give the backend queries
    per DNS query (``backend-queries`` / ``udp-queries``: pipe round trips for a pipe backend), and
    /proc the CPU that pdns_server and its coprocesses spent per DNS query.
@@ -59,8 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from daemons.pdns import PdnsServer, PdnsSettings, process_settings, render_config
 from dnslb.errors import DnslbError
-from dnslb.pdns import PdnsServer, PdnsSettings, process_settings, render_config
 from dnslb.plan import Member, MemberState, Plan, Pool, Record, Soa, Zone, plan_to_json
 from dnslb.selection import answer_ttl
 
@@ -698,7 +698,7 @@ def _run(opts: Options, workdir: Path) -> int:
     say(f"dnslb pipe backend benchmark: {versions()}")
     plan_path = workdir / "plan.json"
     plan_path.write_text(plan_to_json(bench_plan()))
-    backend_command = [sys.executable, "-m", "dnslb", "pipe-backend", "--plan", str(plan_path)]
+    backend_command = [sys.executable, "-m", "pipe_backend", "--plan", str(plan_path)]
     lines = request_lines(opts.lines, random.Random(1))
 
     say(f"\n[1/3] bare backend: {opts.lines:,} request lines through pipes, {opts.repeats} repeats")

@@ -39,7 +39,7 @@ from bench.pipe_backend import (
     percentile,
     say,
 )
-from dnslb.pdns import PdnsServer, PdnsSettings
+from daemons.pdns import PdnsServer, PdnsSettings
 from dnslb.plan_store import RedisPlanStore
 from dnslb.resp import RedisAddress, RedisConnection
 

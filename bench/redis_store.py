@@ -9,7 +9,7 @@ What it measures:
    several. Against a Redis that stops answering (SIGSTOP): how long a stamp read takes to
    fail (its deadline, 0.5 s) and how long the next calls take while backing off.
 2. **DNS p99 at 2,000 QPS while Redis misbehaves.** ``pdns_server`` with the pipe backend as
-   :func:`dnslb.pdns.render_config` deploys it reads the plan from Redis through a TCP proxy
+   :func:`daemons.pdns.render_config` deploys it reads the plan from Redis through a TCP proxy
    that this script switches between *healthy* (passes bytes through), *silent* (accepts and
    reads, answers nothing: a Redis that stopped answering) and *trickle* (one byte every 0.3 s:
    the reply that used to stop every answer). dnsperf ``-Q 2000 -v`` runs the same length in
@@ -48,11 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from daemons.pdns import PdnsServer, PdnsSettings
+from daemons.process import stop_group
 from dnslb.errors import DnslbError
-from dnslb.pdns import PdnsServer, PdnsSettings
 from dnslb.plan import Member, Plan, Pool, Soa, Zone
 from dnslb.plan_store import RedisPlanStore
-from dnslb.process import stop_group
 from dnslb.resp import RedisAddress, RedisConnection, RedisError
 
 ZONE = "bench.test"

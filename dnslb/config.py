@@ -27,12 +27,31 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
-
-import yaml
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dnslb.errors import ConfigError
 from dnslb.plan_store import read_regular_file
+
+if TYPE_CHECKING:
+    import yaml
+_yaml_loaded = False  # yaml is bound by _yaml(): the core installs and imports without PyYAML
+
+
+def _yaml() -> Any:
+    """PyYAML, imported when a configuration is first read or written (every component that
+    reads one installs it; the core and the pipe backend do not need it)."""
+    global _yaml_loaded  # noqa: PLW0603
+    if not _yaml_loaded:
+        try:
+            import yaml as module  # noqa: PLC0415
+        except ImportError:
+            raise ConfigError(
+                "configuration", ["PyYAML is not installed: pip install 'dnslb[manager]'"]
+            ) from None
+        globals()["yaml"] = module
+        _yaml_loaded = True
+    return yaml
+
 
 _T = TypeVar("_T")
 
@@ -114,6 +133,19 @@ def setting(
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def default_of(schema: type, name: str) -> Any:
+    """The default of field ``name`` of the dataclass ``schema``: a command-line option takes
+    its default from here, so that it is declared once, in the settings it fills."""
+    for item in dataclasses.fields(schema):
+        if item.name == name:
+            if item.default is not dataclasses.MISSING:
+                return item.default
+            if item.default_factory is not dataclasses.MISSING:
+                return item.default_factory()
+            raise ValueError(f"{schema.__name__}.{name} has no default")
+    raise ValueError(f"{schema.__name__} has no field {name!r}")
+
+
 # -- building ---------------------------------------------------------------------------------
 
 
@@ -123,7 +155,7 @@ class _Builder:
         self.base = base
         self.refuse_files = refuse_files
         self.problems: list[str] = []
-        self._scalars = yaml.constructor.SafeConstructor()
+        self._scalars = _yaml().constructor.SafeConstructor()
 
     def fail(self, node: yaml.Node | None, path: str, message: str) -> None:
         where = self.source
@@ -340,7 +372,7 @@ def compose_config(text: str, *, source: str = "<config>") -> yaml.MappingNode:
     mapping), for callers that combine documents before building; :class:`ConfigError` when the
     text is not YAML."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = _yaml().compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}, line {mark.line + 1}" if mark is not None else source
@@ -422,7 +454,7 @@ def dump_config(instance: object) -> str:
     """
     if not dataclasses.is_dataclass(instance) or isinstance(instance, type):
         raise TypeError(f"dump_config takes a dataclass instance, not {instance!r}")
-    text: str = yaml.safe_dump(to_document(instance), sort_keys=False, default_flow_style=False)
+    text: str = _yaml().safe_dump(to_document(instance), sort_keys=False, default_flow_style=False)
     return text
 
 

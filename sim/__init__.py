@@ -9,6 +9,6 @@ everything else (clients, resolvers, servers, the cloud) is modelled here.
 - :mod:`sim.scenario`: scenario files (YAML) into frozen dataclasses, with cases;
 - :mod:`sim.engine`: the discrete-event simulation, pure given a scenario and a seed;
 - :mod:`sim.metrics`: what a run measured (the columns and tables are
-  :mod:`dnslb.evaluation`'s, shared with the lab; plots are :mod:`dnslb.evaluation_plots`);
+  :mod:`evaluation.columns`'s, shared with the lab; plots are :mod:`evaluation.plots`);
 - :mod:`sim.runner`: the command line, suites, output files.
 """

@@ -39,18 +39,18 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dnslb.evaluation import (
+from dnslb.model import ServerState
+from dnslb.plan import Member, MemberState, Pool
+from dnslb.policy import ServerLoad, member_values, update_load
+from dnslb.scaling import ScalingHistory, ServerLoadView, decide, record, sample_pool
+from dnslb.selection import pool_answers, rotation
+from evaluation.columns import (
     HISTOGRAM_SCALE,
     ResponseStats,
     Series,
     busiest_over_mean,
     paper_columns,
 )
-from dnslb.model import ServerState
-from dnslb.plan import Member, MemberState, Pool
-from dnslb.policy import ServerLoad, member_values, update_load
-from dnslb.scaling import ScalingHistory, ServerLoadView, decide, record, sample_pool
-from dnslb.selection import pool_answers, rotation
 from sim.metrics import RunResult
 from sim.scenario import Scenario
 

@@ -1,11 +1,11 @@
-"""What a simulated run measured: the shared columns of :mod:`dnslb.evaluation`, plus the seed
+"""What a simulated run measured: the shared columns of :mod:`evaluation.columns`, plus the seed
 and the simulator's own measures of work."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dnslb.evaluation import CaseResult
+from evaluation.columns import CaseResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ Identical cases in several tables (table 3's k=4 is table 4's product case) run 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -19,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from dnslb.evaluation import markdown_table, table
+from evaluation.columns import markdown_table, table
 from sim.engine import Simulation
 from sim.metrics import RunResult
 from sim.scenario import SCENARIO_DIR, Scenario, ScenarioFile, load_scenarios
@@ -55,7 +54,7 @@ def run_job(job: Job) -> RunResult:
         job.out.mkdir(parents=True, exist_ok=True)
         (job.out / "result.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
         if job.plots:
-            from dnslb.evaluation_plots import write_plots  # noqa: PLC0415
+            from evaluation.plots import write_plots  # noqa: PLC0415
 
             write_plots(simulation.series(), job.out, job.scenario.name)
     return result
@@ -139,30 +138,40 @@ def scenario_path(name: str) -> Path:
     return SCENARIO_DIR / f"{name}.yaml"
 
 
-def main(args: argparse.Namespace) -> int:
-    """The ``dnslb sim`` command."""
-    names: list[str] = list(args.scenarios)
-    if args.suite:
-        if args.suite not in SUITES:
+def main(
+    scenarios: Sequence[str] = (),
+    *,
+    suite: str | None = None,
+    seed: int | None = None,
+    repeat: int = 1,
+    out: str | None = None,
+    jobs: int = 0,
+    plots: bool = True,
+) -> int:
+    """The ``dnslb sim`` command: run ``scenarios`` (files or shipped names) and the ``suite``,
+    print the paper's table of each, and write results (and plots) to ``out``."""
+    names: list[str] = list(scenarios)
+    if suite:
+        if suite not in SUITES:
             print(
-                f"dnslb sim: unknown suite {args.suite!r} (one of {', '.join(SUITES)})",
+                f"dnslb sim: unknown suite {suite!r} (one of {', '.join(SUITES)})",
                 file=sys.stderr,
             )
             return 2
-        names += list(SUITES[args.suite])
+        names += list(SUITES[suite])
     if not names:
         print("dnslb sim: give scenario files or --suite", file=sys.stderr)
         return 2
     files = [load_scenarios(scenario_path(name)) for name in names]
-    out = Path(args.out) if args.out else None
+    directory = Path(out) if out else None
     started = time.perf_counter()
     report = run_files(
         files,
-        seed=args.seed,
-        repeat=args.repeat,
-        out=out,
-        jobs=args.jobs or os.cpu_count() or 1,
-        plots=out is not None and not args.no_plots,
+        seed=seed,
+        repeat=repeat,
+        out=directory,
+        jobs=jobs or os.cpu_count() or 1,
+        plots=directory is not None and plots,
     )
     elapsed = time.perf_counter() - started
     text = []
@@ -170,17 +179,17 @@ def main(args: argparse.Namespace) -> int:
     for file, rows in report:
         text.append(table(rows, title=file.title))
         markdown.append(f"### {file.title}\n\n{markdown_table(rows)}")
-    runs = sum(len(file.scenarios) for file in files) * args.repeat
+    runs = sum(len(file.scenarios) for file in files) * repeat
     footer = f"{runs} runs in {elapsed:.1f} s"
     print("\n\n".join(text))
     print(footer, file=sys.stderr)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.txt").write_text("\n\n".join(text) + "\n")
-        (out / "results.md").write_text("\n\n".join(markdown) + "\n")
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "results.txt").write_text("\n\n".join(text) + "\n")
+        (directory / "results.md").write_text("\n\n".join(markdown) + "\n")
         results = [
             {"file": file.path, "title": file.title, "cases": [row.as_dict() for row in rows]}
             for file, rows in report
         ]
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from dnslb.cli import attach_api
+from cli.main import attach_api
 from dnslb.clock import FakeClock
 from dnslb.model import ServerState
 from manager.config import load_manager_config

@@ -43,9 +43,9 @@ from typing import Any, Literal
 
 import httpx
 
+from daemons.nginx import DEFAULT_STATUS_PATH
 from dnslb.agent_config import AgentConfig, NginxSourceConfig
 from dnslb.config import Secret, dump_config, setting
-from dnslb.nginx import DEFAULT_STATUS_PATH
 from dnslb.tokens import token_hash
 from manager.providers.base import (
     Instance,

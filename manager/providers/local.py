@@ -55,11 +55,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from daemons.nginx import NginxServer, NginxSettings
+from daemons.process import port_free, process_runs, stop_group
 from dnslb.agent_config import AgentConfig, NginxSourceConfig, agent_command
 from dnslb.config import Secret, dump_config, setting
 from dnslb.errors import DnslbError
-from dnslb.nginx import NginxServer, NginxSettings
-from dnslb.process import port_free, process_runs, stop_group
 from dnslb.tokens import token_hash
 from manager.providers.base import (
     Instance,

@@ -35,7 +35,7 @@ import dns.query
 import dns.rdatatype
 import httpx
 
-from dnslb.lab.objects import ObjectCatalog
+from lab.objects import ObjectCatalog
 
 NAME = "www.lab.test"
 ZONE = "lab.test"
@@ -161,7 +161,7 @@ def check_headless(results: Results, compose: list[str], seconds: int) -> None:
         "--no-deps",
         "locust-master",
         "locust",
-        "--locustfile=/opt/dnslb/src/loadtest/locustfile.py",
+        "--locustfile=/opt/dnslb/src/lab/loadtest/locustfile.py",
         "--headless",
         "--only-summary",
         "--json",

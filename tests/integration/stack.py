@@ -28,8 +28,8 @@ import dns.query
 import dns.rcode
 import dns.rdatatype
 
-from dnslb.pdns import PdnsServer, PdnsSettings
-from dnslb.process import log_tail, stop_group
+from daemons.pdns import PdnsServer, PdnsSettings
+from daemons.process import log_tail, stop_group
 from tests.conftest import free_port
 
 AGENT_TOKEN = "integration-agent-token-0123456789"

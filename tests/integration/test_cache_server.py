@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from daemons.process import live_group_members, stop_group
 from dnslb.agent_config import AgentConfig, NginxSourceConfig
 from dnslb.config import Secret, dump_config
-from dnslb.process import live_group_members, stop_group
 from dnslb.report import parse_report
 from tests.conftest import free_port
 from tests.http_servers import Receiver

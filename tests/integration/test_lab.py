@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from dnslb.errors import ConfigError
-from dnslb.lab.report import load_run, write_report
-from dnslb.lab.runner import Lab
-from dnslb.lab.settings import LabSettings, default_scaling, with_policy
-from loadtest.run import LoadTest, run_loadtest
-from loadtest.shape import StepLoad
+from lab.loadtest.run import LoadTest, run_loadtest
+from lab.loadtest.shape import StepLoad
+from lab.report import load_run, write_report
+from lab.runner import Lab
+from lab.settings import LabSettings, default_scaling, with_policy
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 import manager.providers.local as local
-from dnslb.process import port_free
+from daemons.process import port_free
 from manager.providers.base import InstanceStatus, LaunchRequest, ProviderContext
 from manager.providers.local import LocalProvider, LocalProviderConfig
 from tests.conftest import free_port

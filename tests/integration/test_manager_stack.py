@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dnslb.pdns import PdnsServer
-from dnslb.process import stop_group
+from daemons.pdns import PdnsServer
+from daemons.process import stop_group
 from tests.integration.stack import (
     AGENT_TOKEN,
     LoadBoard,

@@ -19,7 +19,7 @@ import dns.rdatatype
 import dns.zone
 import pytest
 
-from dnslb.pdns import PdnsServer, PdnsSettings
+from daemons.pdns import PdnsServer, PdnsSettings
 from tests.conftest import free_port, plan_doc, write_plan
 
 pytestmark = [

@@ -18,11 +18,11 @@ import dns.message
 import dns.query
 import pytest
 
+from daemons.pdns import PdnsServer, PdnsSettings, render_config
+from daemons.process import stop_group
 from dnslb.errors import ConfigError
-from dnslb.pdns import PdnsServer, PdnsSettings, render_config
 from dnslb.plan import parse_plan
 from dnslb.plan_store import FilePlanStore, RedisPlanStore, open_store
-from dnslb.process import stop_group
 from dnslb.resp import (
     RedisAddress,
     RedisBackoffError,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dnslb.lab.settings import LabSettings, default_policy, default_scaling, manager_config
+from lab.settings import LabSettings, default_policy, default_scaling, manager_config
 from manager.config import LoadedConfig, load_manager_config
 from manager.providers.docker import DockerProviderConfig
 

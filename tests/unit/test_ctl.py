@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from api.ctl import EXIT_AUTH, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
-from dnslb.cli import main
+from cli.ctl import EXIT_AUTH, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+from cli.main import main
 from tests.api_support import ADMIN, AGENT, READ, RunningManager, running_manager
 from tests.conftest import free_port
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dnslb.docgen import DOCS, stale_docs
+from cli.docgen import DOCS, stale_docs
 from manager.config import load_manager_config
 from manager.providers.userdata import DEFAULT_USER_DATA
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dnslb.cli import FUZZ_HARNESSES, fuzz_harness
+from cli.main import FUZZ_HARNESSES, fuzz_harness
 from dnslb.fuzzing import run
 
 SEED = 20261123

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from dnslb.config import parse_config
-from dnslb.evaluation import ResponseStats, paper_columns
-from dnslb.lab.objects import ObjectCatalog
-from dnslb.lab.origin import body_of
-from dnslb.lab.records import Record, RecordWriter, read_records
-from dnslb.lab.report import LabRun, ServerSpan, measure, series, state_at
-from dnslb.lab.runner import LabInfo
-from dnslb.lab.settings import LabSettings, manager_config, with_policy
+from evaluation.columns import ResponseStats, paper_columns
+from lab.objects import ObjectCatalog
+from lab.origin import body_of
+from lab.records import Record, RecordWriter, read_records
+from lab.report import LabRun, ServerSpan, measure, series, state_at
+from lab.runner import LabInfo
+from lab.settings import LabSettings, manager_config, with_policy
 from manager.config import ManagerConfig
 from manager.providers.local import LocalProviderConfig
 

@@ -12,10 +12,10 @@ import pytest
 
 from dnslb.config import parse_config
 from dnslb.policy import PoolPolicy
-from loadtest.experiments import CASES, NEVER, ExperimentPlan, plain
-from loadtest.resolver import Answer, CachingResolver, LookupFailed, choose, server_address
-from loadtest.run import LoadTest
-from loadtest.shape import StepLoad
+from lab.experiments import CASES, NEVER, ExperimentPlan, plain
+from lab.loadtest.resolver import Answer, CachingResolver, LookupFailed, choose, server_address
+from lab.loadtest.run import LoadTest
+from lab.loadtest.shape import StepLoad
 
 
 class FakeDns:
@@ -159,8 +159,8 @@ def test_the_dns_server_may_be_named(server: str, address: str) -> None:
 
 
 def test_results_print_as_one_table_in_the_cases_order(tmp_path: Path) -> None:
-    from dnslb.evaluation import CaseResult  # noqa: PLC0415
-    from loadtest.experiments import read_results, results_table  # noqa: PLC0415
+    from evaluation.columns import CaseResult  # noqa: PLC0415
+    from lab.experiments import read_results, results_table  # noqa: PLC0415
 
     def result(requests: int) -> CaseResult:
         return CaseResult(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from daemons.nginx import NginxSettings, render_config
 from dnslb.errors import ConfigError
-from dnslb.nginx import NginxSettings, render_config
 
 
 def test_every_path_is_under_the_work_dir(tmp_path: Path) -> None:

@@ -602,7 +602,7 @@ def test_driver_registry():
 
 
 def test_the_command_reports_every_problem_at_once(capsys: pytest.CaptureFixture[str]):
-    from dnslb.cli import main  # noqa: PLC0415
+    from cli.main import main  # noqa: PLC0415
 
     status = main(
         [

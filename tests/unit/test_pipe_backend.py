@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dnslb.pdns import pipe_command
+from daemons.pdns import pipe_command
 from dnslb.plan_store import FilePlanStore, last_good_store
 from pipe_backend.backend import PipeBackend
 from pipe_backend.protocol import MAX_LINE
@@ -389,7 +389,7 @@ def test_serve_survives_oversized_lines_and_garbage(plan_path: Path) -> None:
 def test_the_command_runs_as_a_coprocess(plan_path: Path) -> None:
     lines = [b"HELO\t5", q_line(5, "www.example.test", "A"), b"CMD\tstatus", b"garbage"]
     result = subprocess.run(
-        [sys.executable, "-m", "dnslb", "pipe-backend", "--plan", str(plan_path)],
+        [sys.executable, "-m", "pipe_backend", "--plan", str(plan_path)],
         input=b"\n".join(lines) + b"\n",
         capture_output=True,
         timeout=30,

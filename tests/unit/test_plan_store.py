@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from daemons.pdns import PdnsSettings, pipe_command, render_config
 from dnslb.errors import ConfigError, PlanError
 from dnslb.fuzz_resp import Behaviour, HostileRedis, bulk, whole
-from dnslb.pdns import PdnsSettings, pipe_command, render_config
 from dnslb.plan import parse_plan, plan_to_json
 from dnslb.plan_store import (
     MAX_STATS_BYTES,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dnslb.cli import main
+from cli.main import main
 from dnslb.errors import ConfigError
-from dnslb.evaluation import ResponseStats, busiest_over_mean
+from evaluation.columns import ResponseStats, busiest_over_mean
 from sim.runner import SUITES
 from sim.scenario import (
     SCENARIO_DIR,

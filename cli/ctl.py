@@ -1,6 +1,6 @@
 """``dnslb ctl``: operate a running manager through its REST API.
 
-The command line is declared in :mod:`dnslb.cli` (so ``dnslb --help`` lists it without importing
+The command line is declared in :mod:`cli.main` (so ``dnslb --help`` lists it without importing
 this module); :func:`run` carries it out with an httpx client. Output is a table for people, or
 the API's JSON with ``--json``. The token comes from an environment variable (``--token-env``,
 default ``DNSLB_API_TOKEN``) or a file (``--token-file``), never from the command line, where
@@ -19,12 +19,13 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
 
-import httpx
-
 from dnslb.errors import DnslbError
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 DEFAULT_TOKEN_ENV = "DNSLB_API_TOKEN"  # noqa: S105 (a variable's name, not a token)
@@ -55,6 +56,8 @@ class Client:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        import httpx  # noqa: PLC0415 (imported when a command runs, not to build the parser)
+
         self.url = url.rstrip("/")
         self.http = httpx.Client(
             base_url=self.url,
@@ -78,6 +81,8 @@ class Client:
         body: Any = None,
     ) -> Any:
         """The decoded JSON answer; :class:`CtlError` for any failure, with what to do."""
+        import httpx  # noqa: PLC0415
+
         try:
             response = self.http.request(
                 method, path, params=dict(params or {}), json=body if body is not None else None
@@ -316,6 +321,41 @@ COMMANDS: dict[str, Command] = {
     "events": _events,
     **dict.fromkeys(("pause", "resume", "disable", "enable", "drain"), _action),
 }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options and commands of ``dnslb ctl``."""
+    parser.add_argument("--url", help=f"manager URL (default $DNSLB_URL or {DEFAULT_URL})")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="environment variable holding the API token (default DNSLB_API_TOKEN)",
+    )
+    source.add_argument("--token-file", metavar="PATH", help="file holding the API token")
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    actions = parser.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
+    actions.add_parser("status", help="readiness, plan, servers by state, pools")
+    actions.add_parser("pools", help="pools with servers, cost, scale events")
+    servers = actions.add_parser("servers", help="servers with state, load, weight, TTL")
+    servers.add_argument("pool", nargs="?", help="only this pool's servers")
+    for action, what in (
+        ("pause", "leave a server out of answers (still measured) until resume"),
+        ("resume", "clear an operator's pause"),
+        ("disable", "take a server out whatever its health, until enable"),
+        ("enable", "bring a disabled or drained server back (after a healthy report)"),
+        ("drain", "take a server out of answers; a launched one is then terminated"),
+    ):
+        command = actions.add_parser(action, help=what)
+        command.add_argument("server", metavar="ID", help="server id")
+        command.add_argument("--reason", default="", help="kept in the event log")
+    events = actions.add_parser("events", help="events, newest first")
+    events.add_argument("--pool", help="only this pool's")
+    events.add_argument("--server", help="only this server's")
+    events.add_argument("--kind", action="append", help="only this kind (repeatable)")
+    events.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    events.add_argument("--before-id", type=int, help="older than this event id (paging)")
 
 
 def run(

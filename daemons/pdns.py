@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from daemons.process import wait_for_group_exit
 from dnslb.errors import ConfigError, ProcessError
-from dnslb.process import wait_for_group_exit
 from dnslb.resp import redact_url, url_has_password
 
 
@@ -52,7 +52,7 @@ def pipe_command(
             ],
         )
     # -P: never put pdns's working directory on sys.path, where a stray module could shadow ours.
-    command = [python or sys.executable, "-P", "-m", "dnslb", "pipe-backend", "--plan", plan_text]
+    command = [python or sys.executable, "-P", "-m", "pipe_backend", "--plan", plan_text]
     if redis_password_file is not None:
         password_file = str(redis_password_file)
         if not plan_text.startswith("redis://"):
@@ -83,7 +83,7 @@ class PdnsSettings:
 
     plan: str
     address: str = "127.0.0.1"
-    port: int = 5300
+    port: int = 53
     threads: int = 2  # distributor threads: one pipe coprocess each
     abi: int = 5
     pipe_timeout_ms: int = 2000

@@ -1,17 +1,17 @@
 """The lab's locust load test: users that resolve the load-balanced name themselves.
 
-Each user keeps its own resolver cache (:class:`~loadtest.resolver.CachingResolver`): it asks the
-lab's DNS server when its cached answer has expired (a fraction of users, ``--ignore-ttl``, keep
+Each user keeps its own resolver cache (:class:`~lab.loadtest.resolver.CachingResolver`): it asks
+the lab's DNS server when its cached answer has expired (a fraction of users, ``--ignore-ttl``, keep
 their answer for ``--ignore-ttl-hold`` seconds whatever its TTL), connects to the first address
 of the answer (or a random one, ``--connect random``), fetches a random object, thinks for an
 exponentially distributed time (mean ``--think-time``) and starts again. DNS lookups are locust
 requests of their own type (``DNS``); HTTP requests are ``GET /objects/[n]``. Every request is
-also written to ``--records`` (:mod:`dnslb.lab.records`) for the report.
+also written to ``--records`` (:mod:`lab.records`) for the report.
 
-The load follows :class:`~loadtest.shape.StepLoad` (``--start-users``, ``--step-users``,
+The load follows :class:`~lab.loadtest.shape.StepLoad` (``--start-users``, ``--step-users``,
 ``--step-time``, ``--steps``, ``--hold``). ``dnslb loadtest`` runs this file headless; by hand::
 
-    locust -f loadtest/locustfile.py --headless --dns-server 127.0.0.1:5300 \\
+    locust -f lab/loadtest/locustfile.py --headless --dns-server 127.0.0.1:5300 \\
         --lb-name www.lab.test --http-port 8080 --csv out/locust --records out/requests.csv
 """
 
@@ -27,9 +27,9 @@ from locust import FastHttpUser, LoadTestShape, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 
-from dnslb.lab.records import DNS, Record, RecordWriter
-from loadtest.resolver import CachingResolver, LookupFailed, choose, dns_lookup, server_address
-from loadtest.shape import StepLoad
+from lab.loadtest.resolver import CachingResolver, LookupFailed, choose, dns_lookup, server_address
+from lab.loadtest.shape import StepLoad
+from lab.records import DNS, Record, RecordWriter
 
 _recorder: RecordWriter | None = None
 
@@ -61,7 +61,7 @@ def _options(parser: Any) -> None:
         "--connect", choices=["first", "random"], default="first", help="address to connect to"
     )
     group.add_argument("--request-timeout", type=float, default=60.0, help="seconds (60)")
-    group.add_argument("--records", help="CSV file of every request (dnslb.lab.records)")
+    group.add_argument("--records", help="CSV file of every request (lab.records)")
     group.add_argument("--start-users", type=int, default=10, help="users at the start")
     group.add_argument("--step-users", type=int, default=10, help="users added each step")
     group.add_argument("--step-time", type=float, default=30.0, help="seconds between steps")

@@ -2,7 +2,7 @@
 
 Sizes follow an exponential distribution above ``min_size`` (by quantiles, so that every run and
 every process sees the same sizes): a cache server whose sending is paced (nginx ``limit_rate``
-in writes of ``min_size`` bytes, :mod:`dnslb.nginx`) then spends an exponentially distributed
+in writes of ``min_size`` bytes, :mod:`daemons.nginx`) then spends an exponentially distributed
 time on a request, as the paper's servers and the simulator's do.
 """
 

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from dnslb.errors import ConfigError, DnslbError
-from dnslb.evaluation import CaseResult, markdown_table, table
-from dnslb.lab.report import load_run, write_report
-from dnslb.lab.runner import Lab, default_workdir
-from dnslb.lab.settings import LabSettings, default_scaling
 from dnslb.policy import PoolPolicy
-from loadtest.run import LoadTest, run_loadtest
-from loadtest.shape import StepLoad
+from evaluation.columns import CaseResult, markdown_table, table
+from lab.loadtest.run import LoadTest, run_loadtest
+from lab.loadtest.shape import StepLoad
+from lab.report import load_run, write_report
+from lab.runner import Lab, default_workdir
+from lab.settings import LabSettings, default_scaling
 
 ALL_ADDRESSES = 16  # k above any lab pool's size: every eligible address in every answer
 NEVER = 1000.0  # th_over no utilization reaches: pausing off

@@ -28,8 +28,8 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from daemons.process import log_tail, stop_group
 from dnslb.errors import ConfigError, ProcessError
-from dnslb.process import log_tail, stop_group
 
 DEFAULT_STATUS_PATH = "/nginx_status"
 CACHE_ZONE = "dnslb_cache"

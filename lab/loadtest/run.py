@@ -1,10 +1,10 @@
 """``dnslb loadtest``: a headless locust run against a lab, with CSV output.
 
 It reads the lab's ``lab.json`` (DNS server, load-balanced name, cache servers' port, objects),
-runs ``locust -f loadtest/locustfile.py --headless`` with the step load asked for, and leaves in
+runs ``locust -f lab/loadtest/locustfile.py --headless`` with the step load asked for, and leaves in
 its output directory: ``locust_stats.csv``, ``locust_stats_history.csv``, ``locust_failures.csv``
 and ``locust_exceptions.csv`` (locust's own), ``requests.csv`` (every request,
-:mod:`dnslb.lab.records`), ``loadtest.json`` (the parameters, start and end) and ``locust.log``.
+:mod:`lab.records`), ``loadtest.json`` (the parameters, start and end) and ``locust.log``.
 ``dnslb report`` reads them.
 """
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dnslb.errors import ConfigError, ProcessError
-from dnslb.lab.records import read_records
-from dnslb.lab.runner import default_workdir, read_lab_info
-from loadtest.shape import StepLoad
+from lab.loadtest.shape import StepLoad
+from lab.records import read_records
+from lab.runner import default_workdir, read_lab_info
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 RUN_FILE = "loadtest.json"

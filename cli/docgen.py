@@ -12,11 +12,27 @@ one is out of date (the test suite runs it).
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
 
+from dnslb.agent_config import AgentConfig
 from dnslb.config import reference
+from manager.config import ManagerConfig
+from manager.providers.docker import DockerProviderConfig
+from manager.providers.ec2 import Ec2ProviderConfig
+from manager.providers.openstack import OpenStackProviderConfig
+
+SCHEMAS: dict[str, type] = {
+    f"{schema.__module__}.{schema.__qualname__}": schema
+    for schema in (
+        ManagerConfig,
+        AgentConfig,
+        DockerProviderConfig,
+        Ec2ProviderConfig,
+        OpenStackProviderConfig,
+    )
+}
+"""The configuration schemas a doc may name, by dotted name."""
 
 _BLOCK = re.compile(
     r"(<!-- reference: (?P<target>[\w.]+) -->\n)(?P<body>.*?)(<!-- /reference -->)", re.DOTALL
@@ -25,9 +41,9 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def _render(target: str) -> str:
-    module_name, _, class_name = target.rpartition(".")
-    schema = getattr(importlib.import_module(module_name), class_name)
-    return reference(schema)
+    if target not in SCHEMAS:
+        raise ValueError(f"a doc names {target!r}, which is not in cli.docgen.SCHEMAS")
+    return reference(SCHEMAS[target])
 
 
 def refresh(text: str) -> str:

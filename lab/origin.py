@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 from dnslb.errors import ProcessError
-from dnslb.lab.objects import ObjectCatalog
+from lab.objects import ObjectCatalog
 
 log = logging.getLogger("dnslb.origin")
 

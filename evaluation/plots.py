@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dnslb.evaluation import Series
+from evaluation.columns import Series
 
 MAX_LINES = 24
 """Above this many servers, utilization is drawn as percentile bands instead of lines."""

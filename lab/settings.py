@@ -24,9 +24,9 @@ import yaml
 
 from dnslb.config import parse_config, to_document
 from dnslb.errors import ConfigError
-from dnslb.lab.objects import ObjectCatalog
 from dnslb.policy import PoolPolicy
 from dnslb.scaling import ScalingPolicy
+from lab.objects import ObjectCatalog
 
 LAB_ZONE = "lab.test"
 LAB_POOL = "www"

@@ -1,5 +1,5 @@
 """``python -m dnslb`` is the ``dnslb`` command."""
 
-from dnslb.cli import main
+from cli.main import main
 
 raise SystemExit(main())

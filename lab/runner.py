@@ -35,20 +35,20 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from dnslb.config import to_document
-from dnslb.errors import ConfigError, DnslbError, PlanError, ProcessError
-from dnslb.lab.objects import ObjectCatalog
-from dnslb.lab.settings import LabSettings, default_scaling, manager_config
-from dnslb.pdns import PdnsServer, PdnsSettings
-from dnslb.plan import MemberState, Plan, parse_plan_json
-from dnslb.policy import PoolPolicy
-from dnslb.process import (
+from daemons.pdns import PdnsServer, PdnsSettings
+from daemons.process import (
     kill_processes_mentioning,
     log_tail,
     port_free,
     processes_mentioning,
     stop_group,
 )
+from dnslb.config import to_document
+from dnslb.errors import ConfigError, DnslbError, PlanError, ProcessError
+from dnslb.plan import MemberState, Plan, parse_plan_json
+from dnslb.policy import PoolPolicy
+from lab.objects import ObjectCatalog
+from lab.settings import LabSettings, default_scaling, manager_config
 
 LAB_FILE = "lab.json"
 SAMPLES_FILE = "plan-samples.jsonl"
@@ -502,7 +502,7 @@ def _read_plan(path: Path) -> Plan | None:
 
 
 def settings_from_args(args: argparse.Namespace) -> LabSettings:
-    """The lab's settings from ``dnslb lab``'s options (:func:`dnslb.cli.add_lab_arguments`).
+    """The lab's settings from ``dnslb lab``'s options (:func:`cli.main.add_lab_arguments`).
 
     Policy options not given keep the product's defaults; a bad combination (``--ttl-min``
     above ``--ttl-max``) is a :class:`ConfigError` naming the options.

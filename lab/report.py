@@ -4,15 +4,15 @@
 window (from its start to its end):
 
 - **requests** (every HTTP response and DNS answer the users got): ``requests.csv`` of the load
-  test (:mod:`dnslb.lab.records`); users over time from locust's ``locust_stats_history.csv``;
+  test (:mod:`lab.records`); users over time from locust's ``locust_stats_history.csv``;
 - **servers and cost**: the manager's state database (``state.db``: its ``servers`` and
   ``events`` tables, read with SQL; schema 1): a server costs from its launch to its
   termination, clipped to the window (server-seconds);
 - **per-server utilization, weights and TTLs**: the lab's samples of the published plan
   (``plan-samples.jsonl``, one a second).
 
-The figures are :class:`~dnslb.evaluation.CaseResult`'s, computed by
-:func:`~dnslb.evaluation.paper_columns` as the simulator computes them, so that a lab case and a
+The figures are :class:`~evaluation.columns.CaseResult`'s, computed by
+:func:`~evaluation.columns.paper_columns` as the simulator computes them, so that a lab case and a
 simulated one read the same way: cost, total response time, requests served, mean response,
 requests per cost, the shares of responses under 3 s, 3-9 s and 9-60 s (of served requests),
 mean TTL (over the DNS answers the users received), and ours (busiest server over the mean,
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from dnslb.errors import ConfigError
-from dnslb.evaluation import (
+from evaluation.columns import (
     COLUMNS,
     CaseResult,
     ResponseStats,
@@ -50,8 +50,8 @@ from dnslb.evaluation import (
     paper_columns,
     table,
 )
-from dnslb.lab.records import Record, read_records
-from dnslb.lab.runner import SAMPLES_FILE, LabInfo, default_workdir, read_lab_info
+from lab.records import Record, read_records
+from lab.runner import SAMPLES_FILE, LabInfo, default_workdir, read_lab_info
 
 BALANCE_WINDOW = 10.0  # seconds: as the simulator's default balance_window
 _TRANSITION = re.compile(r"^(\w+) -> (\w+):")
@@ -365,7 +365,7 @@ def _cell(result: CaseResult, attr: str, fmt: str) -> str:
 
 def write_report(run: LabRun, out: Path, *, name: str = "lab run") -> LabResult:
     """Write the report of ``run`` into ``out``; returns its figures."""
-    from dnslb.evaluation_plots import write_plots  # noqa: PLC0415 (matplotlib: only here)
+    from evaluation.plots import write_plots  # noqa: PLC0415 (matplotlib: only here)
 
     out.mkdir(parents=True, exist_ok=True)
     result = measure(run, name)

@@ -1,9 +1,0 @@
-"""Load tests of the lab with locust: users that resolve through the lab's DNS as real ones do.
-
-- :mod:`loadtest.resolver`: a client's own resolver cache, honouring TTLs (or not);
-- :mod:`loadtest.shape`: the step load (users raised gradually in steps, as in the paper);
-- :mod:`loadtest.locustfile`: the locust user and shape (``locust -f loadtest/locustfile.py``);
-- :mod:`loadtest.run`: ``dnslb loadtest``, a headless run against a lab, with CSV output.
-
-Imports the :mod:`dnslb` core only (and locust, in the locustfile).
-"""

@@ -1,0 +1,62 @@
+"""``dnslb manager``: run the manager from its configuration file.
+
+What serves the REST API beside it is not the manager's to know: the composition root
+(:mod:`cli.main`) passes it in as ``attach``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from manager.service import Manager
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``dnslb manager``."""
+    parser.add_argument("--config", required=True, help="manager configuration (YAML)")
+    parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+
+
+def run(args: argparse.Namespace, attach: Callable[[Manager], None] | None = None) -> int:
+    """Load the configuration and run the manager until SIGINT/SIGTERM; ``attach`` is called
+    with the manager before it starts (to serve the API from its listener)."""
+    import asyncio  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from manager.config import load_manager_config  # noqa: PLC0415
+    from manager.service import Manager  # noqa: PLC0415
+
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s dnslb manager: %(levelname)s %(message)s",
+    )
+    # httpx logs every request at INFO (the docker provider polls a booting container twice a
+    # second): its lines would drown the manager's own.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    loaded = load_manager_config(args.config)
+    if args.check:
+        print(f"{args.config}: ok")
+        return 0
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        manager = Manager(loaded)
+        if attach is not None:
+            attach(manager)
+        await manager.run(stop)
+
+    asyncio.run(main())
+    return 0
