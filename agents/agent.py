@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import signal
-import sys
 
 from agents.host import HostSample, HostUsage
 from agents.manager_client import DeliveryProblem, ManagerClient
 from agents.sources import Reading, Source, create_source
+from dnslb import logs
 from dnslb.agent_config import AgentConfig
 from dnslb.clock import Clock, SystemClock
 from dnslb.config import load_config
@@ -203,12 +202,5 @@ async def serve(config: AgentConfig) -> int:
 def main(config_path: str) -> int:
     """``dnslb agent``: load the configuration (a ConfigError goes to the caller), then serve."""
     config = load_config(config_path, AgentConfig)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format=f"dnslb agent[{os.getpid()}]: %(levelname)s %(message)s",
-    )
-    # httpx logs every request at INFO: one line a second would drown the events.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.configure("agent")
     return asyncio.run(serve(config))

@@ -16,16 +16,15 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 from agents.agent import Agent
 from agents.manager_client import ManagerClient
 from agents.sources import create_source
 from daemons.nginx import NginxServer, NginxSettings
+from dnslb import logs
 from dnslb.agent_config import AgentConfig
-from dnslb.config import load_config
-from dnslb.errors import ConfigError
+from dnslb.config import checked, load_config
 
 log = logging.getLogger("dnslb.cache_server")
 
@@ -91,15 +90,7 @@ def main(
     start is a :class:`~dnslb.errors.ProcessError` with its log's end.
     """
     config = load_config(agent_config, AgentConfig)
-    problems = settings.problems()
-    if problems:
-        raise ConfigError("cache server", problems)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format=f"dnslb cache-server[{os.getpid()}]: %(levelname)s %(message)s",
-    )
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    checked(settings, "cache server")
+    logs.configure("cache-server")
     # nginx that does not start raises ProcessError: the command's caller prints it.
     return asyncio.run(serve(settings, Path(workdir), config))

@@ -7,12 +7,16 @@ Option defaults come from the settings they fill (:class:`~daemons.nginx.NginxSe
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import sys
+import dataclasses
+from typing import TYPE_CHECKING
 
 from daemons.nginx import NginxSettings
-from dnslb.config import default_of
+from dnslb import logs
+from dnslb.config import Secret, default_of, load_config, problems_of, resolve_secret
+from dnslb.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agents.node_agent import NodeAgentConfig
 
 DEFAULT_CACHE_WORKDIR = "/var/lib/dnslb/cache"
 # A cache server's command runs in its own container or VM, where clients reach it from outside.
@@ -79,123 +83,183 @@ def run_cache_server(args: argparse.Namespace) -> int:
     return main(settings, args.workdir, args.agent_config)
 
 
+_NODE_AGENT_OWN_FLAGS = ("listen", "token_file", "token_env")
+"""Flags that are not one field of :class:`~agents.node_agent.NodeAgentConfig` each; every other
+setting flag's ``dest`` is the field it sets."""
+_NODE_AGENT_FLAG_NAMES = {
+    "service_ports": "--service-port",
+    "require_listener": "--no-listener-check",
+}
+
+
+def _flag_name(dest: str) -> str:
+    return _NODE_AGENT_FLAG_NAMES.get(dest, "--" + dest.replace("_", "-"))
+
+
 def add_node_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``dnslb node-agent``."""
+    """The options of ``dnslb node-agent``: ``--config FILE``, or the settings as flags.
+
+    A setting flag that is not given is absent from the namespace (``argparse.SUPPRESS``): the
+    configuration then takes the field's default, and ``--config`` can tell it was not given.
+    """
+    from agents.dispatch_drivers import DRIVERS  # noqa: PLC0415
     from agents.node_agent import NodeAgentConfig  # noqa: PLC0415
 
     def default(name: str) -> object:
         return default_of(NodeAgentConfig, name)
 
-    parser.add_argument("--cluster", required=True, help="cluster name, as the manager knows it")
-    parser.add_argument("--node-id", required=True, help="this node's id in dispatch tables")
-    parser.add_argument("--vip", required=True, help="the cluster's shared IPv4 address")
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration (NodeAgentConfig, see docs/clusters.md); instead of the flags",
+    )
+    flags = parser.add_argument_group(
+        "settings as flags", "the same settings as the file's, when there is no --config"
+    )
+
+    def flag(*names: str, **options: object) -> None:
+        flags.add_argument(*names, default=argparse.SUPPRESS, **options)  # type: ignore[arg-type]
+
+    flag("--cluster", help="cluster name, as the manager knows it (required)")
+    flag("--node-id", help="this node's id in dispatch tables (required)")
+    flag("--vip", help="the cluster's shared IPv4 address (required)")
+    flag(
         "--listen",
-        default=f"{default('listen_host')}:{default('listen_port')}",
-        help="HOST:PORT for table pushes (default %(default)s)",
+        metavar="HOST:PORT",
+        help="HOST:PORT for table pushes "
+        f"(default {default('listen_host')}:{default('listen_port')})",
     )
-    parser.add_argument(
-        "--manager-url", help="manager base URL for heartbeats (none: no heartbeats)"
+    flag("--manager-url", help="manager base URL for heartbeats (none: no heartbeats)")
+    token = flags.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token-file",
+        default=argparse.SUPPRESS,
+        help="file holding the bearer token (required: this or --token-env)",
     )
-    token = parser.add_mutually_exclusive_group(required=True)
-    token.add_argument("--token-file", help="file holding the bearer token")
-    token.add_argument("--token-env", help="environment variable holding the bearer token")
-    parser.add_argument(
+    token.add_argument(
+        "--token-env",
+        default=argparse.SUPPRESS,
+        help="environment variable holding the bearer token",
+    )
+    flag(
         "--driver",
-        default=default("driver"),
-        help="dispatch driver: nftables or dry-run (default %(default)s)",
+        help=f"dispatch driver: {', '.join(sorted(DRIVERS))} (default {default('driver')})",
     )
-    parser.add_argument(
+    flag(
         "--bucket-count",
         type=int,
-        default=default("bucket_count"),
-        help="buckets per table (default %(default)s)",
+        help=f"buckets per table (default {default('bucket_count')})",
     )
-    parser.add_argument(
+    flag(
         "--heartbeat-interval",
         type=float,
-        default=default("heartbeat_interval"),
-        help="seconds between heartbeats (default %(default)s)",
+        help=f"seconds between heartbeats (default {default('heartbeat_interval')})",
     )
-    parser.add_argument(
+    flag(
+        "--backoff-max",
+        type=float,
+        help="longest wait between heartbeats while the manager is unreachable "
+        f"(default {default('backoff_max')})",
+    )
+    flag(
         "--max-concurrency",
         type=int,
-        default=default("max_concurrency"),
-        help="connections to the VIP at full load (default %(default)s)",
+        help=f"connections to the VIP at full load (default {default('max_concurrency')})",
     )
-    parser.add_argument(
+    flag(
         "--service-port",
+        dest="service_ports",
+        metavar="PORT",
         type=int,
         action="append",
-        default=[],
         help="port the service listens on (repeatable); none listening means not serving",
     )
-    parser.add_argument(
-        "--nft-table",
-        default=default("nft_table"),
-        help="nftables table to own (default %(default)s)",
-    )
-    parser.add_argument(
+    flag("--nft-table", help=f"nftables table to own (default {default('nft_table')})")
+    flag(
         "--no-listener-check",
-        action="store_true",
+        dest="require_listener",
+        action="store_false",
         help="accept a SYN of our bucket even when no socket listens (the stack then resets it)",
     )
-    parser.add_argument(
+    flag(
+        "--keep-tcp-loose",
+        action="store_true",
+        help="leave net.netfilter.nf_conntrack_tcp_loose as it is (default: set it to 0)",
+    )
+    flag(
         "--lease",
         type=float,
-        default=default("lease"),
         help="seconds the node takes new connections without its agent, renewed before each "
         "heartbeat (0: forever; at least twice --heartbeat-interval, below the manager's "
-        "failover_after) (default %(default)s)",
+        f"failover_after) (default {default('lease')})",
     )
+
+
+def node_agent_config(args: argparse.Namespace) -> NodeAgentConfig:
+    """The configuration ``--config`` names, or the one the setting flags give (never both).
+
+    Raises :class:`~dnslb.errors.ConfigError` listing every problem: with the file's lines, or
+    naming the flags.
+    """
+    from agents.node_agent import (  # noqa: PLC0415
+        MIN_TOKEN_LENGTH,
+        NodeAgentConfig,
+        token_reference,
+    )
+
+    fields = {item.name for item in dataclasses.fields(NodeAgentConfig)}
+    given = {
+        name: value
+        for name, value in vars(args).items()
+        if name in fields or name in _NODE_AGENT_OWN_FLAGS
+    }
+    if args.config is not None:
+        if given:
+            flags = ", ".join(sorted(_flag_name(name) for name in given))
+            raise ConfigError(
+                "node agent", [f"give the settings in --config or as flags, not both ({flags})"]
+            )
+        return load_config(args.config, NodeAgentConfig)
+    # Collect every problem (required flags, listen address, token, settings) before failing.
+    problems = [
+        f"{_flag_name(name)}: required (or --config FILE)"
+        for name in ("cluster", "node_id", "vip")
+        if name not in given
+    ]
+    values = {name: value for name, value in given.items() if name in fields}
+    values.setdefault("cluster", "-")  # stand-ins, so that the other settings get checked
+    values.setdefault("node_id", "-")
+    values.setdefault("vip", "0.0.0.0")  # noqa: S104
+    if "listen" in given:
+        host, _, port = given["listen"].rpartition(":")
+        if host and port.isdigit():
+            values["listen_host"], values["listen_port"] = host.strip("[]"), int(port)
+        else:
+            problems.append(f"--listen {given['listen']!r}: expected HOST:PORT")
+    if "service_ports" in values:
+        values["service_ports"] = tuple(values["service_ports"])
+    values["token"] = Secret("-" * MIN_TOKEN_LENGTH, "-")
+    try:
+        reference = token_reference(given.get("token_file"), given.get("token_env"))
+    except ConfigError as exc:
+        problems += exc.problems
+    else:
+        flag = "--token-file" if reference.startswith("file:") else "--token-env"
+        try:
+            values["token"] = resolve_secret(reference)
+        except ValueError as exc:
+            problems.append(f"{flag}: {exc}")
+    config = NodeAgentConfig(**values)
+    problems += problems_of(config)
+    if problems:
+        raise ConfigError("node agent", problems)
+    return config
 
 
 def run_node_agent(args: argparse.Namespace) -> int:
     """Run a cluster node's agent until SIGTERM/SIGINT."""
-    from agents.node_agent import (  # noqa: PLC0415
-        MIN_TOKEN_LENGTH,
-        NodeAgentConfig,
-        read_token,
-        run,
-    )
-    from dnslb.errors import ConfigError  # noqa: PLC0415
+    from agents.node_agent import run  # noqa: PLC0415
 
-    # Collect every problem (listen address, token, settings) before failing.
-    problems: list[str] = []
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        problems.append(f"--listen {args.listen!r}: expected HOST:PORT")
-        host, port = "127.0.0.1", "0"
-    try:
-        token = read_token(args.token_file, args.token_env)
-    except ConfigError as exc:
-        problems += exc.problems
-        token = "-" * MIN_TOKEN_LENGTH  # stands in so that the other settings get checked
-    try:
-        config = NodeAgentConfig(
-            cluster=args.cluster,
-            node_id=args.node_id,
-            vip=args.vip,
-            token=token,
-            manager_url=args.manager_url,
-            listen_host=host.strip("[]"),
-            listen_port=int(port),
-            driver=args.driver,
-            bucket_count=args.bucket_count,
-            heartbeat_interval=args.heartbeat_interval,
-            max_concurrency=args.max_concurrency,
-            service_ports=tuple(args.service_port),
-            nft_table=args.nft_table,
-            require_listener=not args.no_listener_check,
-            lease=args.lease,
-        )
-    except ConfigError as exc:
-        problems += exc.problems
-    if problems:
-        raise ConfigError("node agent", problems)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format=f"dnslb node-agent[{os.getpid()}]: %(levelname)s %(message)s",
-    )
+    config = node_agent_config(args)
+    logs.configure("node-agent")
     return run(config)

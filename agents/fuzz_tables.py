@@ -30,6 +30,7 @@ from agents.dispatch_drivers.base import NodeRules
 from agents.dispatch_drivers.dry_run import DryRunDriver
 from agents.node_agent import NodeAgent, NodeAgentConfig
 from agents.vip_connections import VipLoad
+from dnslb.config import Secret
 from dnslb.dispatch import MAX_BUCKETS, BucketTable, build_table, table_to_dict
 from dnslb.errors import ProcessError
 from dnslb.fuzzing import (
@@ -92,7 +93,7 @@ class TableHarness(Harness):
             cluster=CLUSTER,
             node_id=node_id,
             vip=VIP,
-            token=TOKEN,
+            token=Secret(TOKEN, "env:DNSLB_FUZZ_TOKEN"),
             driver="dry-run",
             bucket_count=count,
         )

@@ -32,24 +32,23 @@ import http.client
 import json
 import logging
 import math
-import os
 import signal
 import socket
 import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from agents.dispatch_drivers import DRIVERS, DispatchDriver, NodeRules, create_driver
 from agents.dispatch_drivers.nft_ruleset import check_table_name, check_vip
 from agents.vip_connections import VipConnections, VipLoad
+from dnslb.config import Secret, checked, setting
 from dnslb.dispatch import MAX_BUCKETS, BucketTable, parse_table_json
 from dnslb.errors import ConfigError, DnslbError, ProcessError, ProtocolError
 from dnslb.report import MAX_COUNT, Report, TableHeld, id_problem, report_to_dict
@@ -57,6 +56,7 @@ from dnslb.report import MAX_COUNT, Report, TableHeld, id_problem, report_to_dic
 log = logging.getLogger(__name__)
 
 MIN_TOKEN_LENGTH = 16
+MIN_LEASE = 0.05
 MAX_TABLE_BODY = 4 * 1024 * 1024  # a 65,536-bucket table with long node ids fits
 MANAGER_TIMEOUT = 2.0
 MAX_CONNECTIONS = 64
@@ -75,73 +75,103 @@ LINGER_BYTES = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class NodeAgentConfig:
-    """Every setting of a node agent; checked on construction (:class:`ConfigError`)."""
+    """A node agent: its cluster and node, the manager it reports to, where it takes pushes.
 
-    cluster: str
-    node_id: str
-    vip: str
-    token: str = field(repr=False)  # authenticates pushes to us and our reports to the manager
-    manager_url: str | None = None  # None: no heartbeats (the agent only takes pushes)
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 8470
-    driver: str = "nftables"
-    bucket_count: int = 1024
-    heartbeat_interval: float = 0.1
-    backoff_max: float = 2.0
-    max_concurrency: int = 1000
-    service_ports: tuple[int, ...] = ()
-    nft_table: str = "dnslb"  # created and marked by the agent; an unmarked one is refused
-    require_listener: bool = True
-    # Leave net.netfilter.nf_conntrack_tcp_loose as it is (it is host-wide in the network
-    # namespace; docs/clusters.md says what setting it to 0 buys and costs).
-    keep_tcp_loose: bool = False
-    # Without a renewal for this long the node stops taking new connections (0: never). It is
-    # renewed before each heartbeat, so it must be longer than heartbeat_interval; keep it below
-    # the manager's failover_after (0.3 s by default).
-    lease: float = 0.25
+    Read from YAML by ``dnslb node-agent --config FILE`` (:func:`load_config`), or built from
+    the command's flags; built in code, it is checked by :func:`~dnslb.config.checked` (the
+    agent checks it again when it starts). The token is a :class:`~dnslb.config.Secret`: its
+    value appears in no repr, log or error.
+    """
 
-    def __post_init__(self) -> None:
-        problems: list[str] = []
+    cluster: str = setting(help="cluster name, as the manager knows it")
+    node_id: str = setting(help="this node's id in dispatch tables (the manager's nodes[].id)")
+    vip: str = setting(help="the cluster's shared IPv4 address")
+    token: Secret = setting(
+        help="bearer token, at least 16 characters: authenticates the manager's pushes to this "
+        "agent and this agent's reports to the manager"
+    )
+    manager_url: str | None = setting(
+        None,
+        help="manager base URL for heartbeats (null: no heartbeats, the agent only takes pushes)",
+    )
+    listen_host: str = setting("127.0.0.1", help="address the table push listener binds")
+    listen_port: int = setting(8470, help="port of the push listener (0: any)", min=0, max=65535)
+    driver: str = setting(
+        "nftables", help="dispatch driver: nftables, or dry-run (logs the nft scripts instead)"
+    )
+    bucket_count: int = setting(
+        1024,
+        help="buckets per table (the manager's clusters[].bucket_count)",
+        min=1,
+        max=MAX_BUCKETS,
+    )
+    heartbeat_interval: float = setting(0.1, help="seconds between heartbeats", min=0.01, max=60.0)
+    backoff_max: float = setting(
+        2.0,
+        help="longest wait between heartbeats while the manager is unreachable (at least "
+        "heartbeat_interval)",
+    )
+    max_concurrency: int = setting(
+        1000, help="connections to the VIP at full load", min=1, max=MAX_COUNT
+    )
+    service_ports: tuple[int, ...] = setting(
+        default_factory=tuple,
+        help="ports the service listens on: connections to them count, and none listening means "
+        "not serving (empty: every port counts, nothing is checked)",
+    )
+    nft_table: str = setting(
+        "dnslb",
+        help="nftables table the agent creates and marks as its own (an unmarked one is refused)",
+    )
+    require_listener: bool = setting(
+        True,
+        help="accept a SYN of our buckets only when a socket listens (false: the stack resets it)",
+    )
+    # net.netfilter.nf_conntrack_tcp_loose is host-wide in the network namespace; docs/clusters.md
+    # says what setting it to 0 buys and costs.
+    keep_tcp_loose: bool = setting(
+        False, help="leave net.netfilter.nf_conntrack_tcp_loose as it is (default: set it to 0)"
+    )
+    lease: float = setting(
+        0.25,
+        help="seconds the node takes new connections without its agent, renewed just before each "
+        "heartbeat: 0 (never stops) or 0.05 to 60, at least twice heartbeat_interval; keep it "
+        "below the manager's failover_after",
+        min=0.0,
+        max=60.0,
+    )
+
+    def config_problems(self) -> Iterator[str]:
         for name in ("cluster", "node_id"):
             if problem := id_problem(getattr(self, name)):
-                problems.append(f"{name}: {problem}")
+                yield f"{name}: {problem}"
         try:
             check_vip(self.vip)
         except ValueError:
-            problems.append(f"vip: {self.vip!r} is not an IPv4 address")
-        if len(self.token) < MIN_TOKEN_LENGTH:
-            problems.append(f"token: must be at least {MIN_TOKEN_LENGTH} characters")
+            yield f"vip: {self.vip!r} is not an IPv4 address"
+        if len(self.token.reveal()) < MIN_TOKEN_LENGTH:
+            yield f"token: must be at least {MIN_TOKEN_LENGTH} characters"
         if self.manager_url is not None:
             parts = urllib.parse.urlsplit(self.manager_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                problems.append(f"manager_url: {self.manager_url!r} is not an http(s) URL")
-        if not 0 <= self.listen_port <= 65535:
-            problems.append(f"listen_port: {self.listen_port} is not a port")
+                yield f"manager_url: {self.manager_url!r} is not an http(s) URL"
         if self.driver not in DRIVERS:
-            problems.append(f"driver: {self.driver!r} unknown (known: {', '.join(DRIVERS)})")
-        if not 1 <= self.bucket_count <= MAX_BUCKETS:
-            problems.append(f"bucket_count: must be 1..{MAX_BUCKETS}")
-        if not 0.01 <= self.heartbeat_interval <= 60:
-            problems.append("heartbeat_interval: must be 0.01 to 60 seconds")
+            yield f"driver: {self.driver!r} unknown (known: {', '.join(sorted(DRIVERS))})"
         if self.backoff_max < self.heartbeat_interval:
-            problems.append("backoff_max: must be at least heartbeat_interval")
-        if self.lease != 0 and not 0.05 <= self.lease <= 60:
-            problems.append("lease: must be 0 (off) or 0.05 to 60 seconds")
+            yield "backoff_max: must be at least heartbeat_interval"
+        if 0 < self.lease < MIN_LEASE:
+            yield f"lease: must be 0 (off) or {MIN_LEASE} to 60 seconds"
         elif self.lease != 0 and self.manager_url and self.lease < 2 * self.heartbeat_interval:
-            problems.append(
+            yield (
                 "lease: must be at least twice heartbeat_interval (it is renewed before "
                 "each heartbeat)"
             )
-        if not 1 <= self.max_concurrency <= MAX_COUNT:
-            problems.append(f"max_concurrency: must be 1..{MAX_COUNT} (what a report may carry)")
         if any(not 1 <= port <= 65535 for port in self.service_ports):
-            problems.append("service_ports: each must be 1..65535")
+            yield "service_ports: each must be 1..65535"
         try:
             check_table_name(self.nft_table)
         except ValueError as exc:
-            problems.append(f"nft_table: {exc}")
-        if problems:
-            raise ConfigError("node agent", problems)
+            yield f"nft_table: {exc}"
 
     @property
     def rules(self) -> NodeRules:
@@ -156,23 +186,12 @@ class NodeAgentConfig:
         )
 
 
-def read_token(token_file: str | None, token_env: str | None) -> str:
-    """The bearer token from a file or an environment variable (never from the command line)."""
+def token_reference(token_file: str | None, token_env: str | None) -> str:
+    """The :class:`~dnslb.config.Secret` reference ``--token-file`` or ``--token-env`` names
+    (the token itself never comes from the command line)."""
     if (token_file is None) == (token_env is None):
         raise ConfigError("node agent", ["give exactly one of --token-file and --token-env"])
-    if token_file is not None:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError("node agent", [f"{token_file}: {exc.strerror}"]) from None
-        where = token_file
-    else:
-        assert token_env is not None
-        token = os.environ.get(token_env, "").strip()
-        where = f"${token_env}"
-    if not token:
-        raise ConfigError("node agent", [f"{where}: the token is empty"])
-    return token
+    return f"file:{token_file}" if token_file is not None else f"env:{token_env}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +212,7 @@ class NodeAgent:
         load: Callable[[], VipLoad],
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.config = config
+        self.config = checked(config, "node agent")
         self.driver = driver
         self.load = load
         self.wall_clock = wall_clock
@@ -220,7 +239,7 @@ class NodeAgent:
 
     def authorized(self, header: str | None) -> bool:
         """Whether an ``Authorization`` header carries this agent's token (constant time)."""
-        expected = f"Bearer {self.config.token}".encode()
+        expected = f"Bearer {self.config.token.reveal()}".encode()
         return hmac.compare_digest((header or "").encode(), expected)
 
     def receive_table(self, body: bytes) -> Reply:
@@ -714,6 +733,7 @@ class AgentHttpServer:
 def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
     """Run the node agent until SIGTERM/SIGINT (or ``stop`` is set); returns the exit status."""
     stop = stop or threading.Event()
+    config = checked(config, "node agent")
     driver = create_driver(config.driver, config.rules)
     load = VipConnections(check_vip(config.vip), config.service_ports)
     agent = NodeAgent(config, driver, load)
@@ -750,7 +770,7 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
         renewing.start()
     beating: threading.Thread | None = None
     if config.manager_url is not None:
-        link = ManagerLink(config.manager_url, config.token)
+        link = ManagerLink(config.manager_url, config.token.reveal())
         beating = threading.Thread(
             target=heartbeat_loop,
             args=(agent, link, stop, config.heartbeat_interval, config.backoff_max),

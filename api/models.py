@@ -189,9 +189,15 @@ class EventOut(BaseModel):
     id: MaybeCount
     time: Real = Field(description="unix seconds")
     kind: Text = Field(description="state, paused, resumed, scale_out, scale_in, admin_pause...")
-    reason: Text
+    reason: Text = Field(description="why (a state change: why it changed)")
     pool: MaybeText
     server: MaybeText
+    from_state: ServerState | None = Field(
+        description="a state change (kind state): the state the server left; else null"
+    )
+    to_state: ServerState | None = Field(
+        description="a state change (kind state): the state the server entered; else null"
+    )
 
     @classmethod
     def of(cls, event: Event) -> Self:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from typing import Any
 import psutil
 
 from daemons.nginx import NginxServer, NginxSettings
-from daemons.process import stop_group
+from daemons.process import free_port, stop_group
 from dnslb.agent_config import (
     AgentConfig,
     NginxSourceConfig,
@@ -70,12 +69,6 @@ class Receiver:
         self.server.server_close()
 
 
-def free_port(address: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
-
-
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
@@ -91,7 +84,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dnslb-bench-agent-") as temp:
         work = Path(temp)
         address = "127.0.1.50"
-        nginx = NginxServer(NginxSettings(address=address, port=free_port(address)), work / "nginx")
+        nginx = NginxServer(
+            NginxSettings(address=address, port=free_port(address, ("tcp",))), work / "nginx"
+        )
         receiver = Receiver()
         agent: subprocess.Popen[bytes] | None = None
         try:

@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dnslb.dispatch import build_table, table_to_json
+from evaluation.percentile import percentile
 from manager.clusters import ClusterNode, HttpTablePusher
 from tests.integration.cluster_lab import (
     ClusterLab,
@@ -51,9 +52,8 @@ BUCKET_COUNTS = (256, 1024, 4096)
 
 def figures(samples: list[float]) -> str:
     ordered = sorted(samples)
-    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
     return (
-        f"median {statistics.median(ordered):7.2f} ms  p90 {p90:7.2f} ms  "
+        f"median {statistics.median(ordered):7.2f} ms  p90 {percentile(ordered, 0.9):7.2f} ms  "
         f"max {ordered[-1]:7.2f} ms  (n={len(ordered)})"
     )
 
@@ -165,7 +165,7 @@ def bench_push(rounds: int) -> None:
                     name,
                     sys.executable,
                     "-m",
-                    "dnslb",
+                    "cli",
                     "node-agent",
                     "--cluster",
                     "bench",

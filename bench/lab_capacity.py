@@ -17,7 +17,6 @@ import asyncio
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,8 @@ import urllib.request
 from pathlib import Path
 
 from daemons.nginx import NginxServer, NginxSettings
+from daemons.process import http_answers, spawn, stop_group
+from evaluation.percentile import percentile
 from lab.settings import LabSettings
 
 ADDRESS = "127.0.9.1"
@@ -75,7 +76,6 @@ async def one_rate(settings: LabSettings, rate: float, seconds: float) -> dict[s
     await watcher
     finished = [t for t in await asyncio.gather(*tasks) if t is not None]
     in_progress = statistics.fmean(samples[len(samples) // 5 :])  # past the first fifth
-    finished.sort()
     return {
         "rate": rate,
         "started": len(tasks) / seconds,
@@ -87,7 +87,7 @@ async def one_rate(settings: LabSettings, rate: float, seconds: float) -> dict[s
         * (statistics.fmean(finished) if finished else 0.0)
         / settings.max_concurrency,
         "mean": statistics.fmean(finished) if finished else 0.0,
-        "p95": finished[int(0.95 * (len(finished) - 1))] if finished else 0.0,
+        "p95": percentile(finished, 0.95) if finished else 0.0,
     }
 
 
@@ -108,11 +108,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dnslb-capacity-") as work:
         settings = LabSettings(workdir=Path(work), origin_port=18123, http_port=18124)
         objects = settings.objects
-        origin = subprocess.Popen(
+        origin = spawn(
             [
                 sys.executable,
                 "-m",
-                "dnslb",
+                "cli",
                 "origin",
                 "--pid-file",
                 f"{work}/origin.pid",
@@ -125,7 +125,9 @@ def main() -> None:
                 "--min-size",
                 str(objects.min_size),
             ],
-            stdout=subprocess.DEVNULL,
+            name="origin",
+            ready=lambda _: http_answers(f"{settings.origin_url}/healthz"),
+            log=Path(work) / "origin.log",
         )
         nginx = NginxServer(
             NginxSettings(
@@ -139,7 +141,6 @@ def main() -> None:
             Path(work) / "nginx",
         )
         try:
-            time.sleep(0.5)
             nginx.start()
             for index in range(objects.count):  # warm the cache, as a running lab's is
                 urllib.request.urlopen(
@@ -168,8 +169,7 @@ def main() -> None:
                 time.sleep(3)  # let the queue empty
         finally:
             nginx.stop()
-            origin.terminate()
-            origin.wait()
+            stop_group(origin)
 
 
 if __name__ == "__main__":

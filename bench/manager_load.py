@@ -28,10 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from daemons.process import http_answers, spawn
 from dnslb.clock import FakeClock
 from manager.config import load_manager_config
 from manager.service import Manager
@@ -145,31 +145,27 @@ def ingest_http(seconds: int, connections: int) -> tuple[float, str]:
         port = 8799
         config = write_config(directory, 1000, port)
         env = {**os.environ, "DNSLB_BENCH_TOKEN": TOKEN}
-        manager = subprocess.Popen(
+        manager = spawn(
             [
                 "taskset",
                 "-c",
                 "0",
                 sys.executable,
                 "-m",
-                "dnslb",
+                "cli",
                 "manager",
                 "--config",
                 str(config),
                 "--log-level",
                 "warning",
             ],
+            name="manager",
+            ready=lambda _: http_answers(f"http://127.0.0.1:{port}/healthz"),
+            log=directory / "manager.log",
+            timeout=20,
             env=env,
-            start_new_session=True,
         )
         try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.2)
             script = directory / "report.lua"
             # One wrk thread: each thread's seq is its own, and a server must only ever see
             # increasing seq; servers are spread over the thread's requests.

@@ -15,7 +15,7 @@ What it measures:
 2. **Latency at a fixed rate.** dnsperf ``-Q 2000 -v`` (the verbose mode prints each response's
    latency; this dnsperf has no histogram option); p50 and p99 computed here, a lost query counted
    as slower than any answer.
-3. **The bare backend.** ``python -m dnslb pipe-backend`` reading N realistic ABI 5 request lines
+3. **The bare backend.** ``python -m pipe_backend`` reading N realistic ABI 5 request lines
    (HELO, then Q lines for the pool name and the apex: A, ANY, SOA, NS, mixed letter case) from a
    pipe and writing to a pipe; its time with a HELO-only input (interpreter start, imports, plan
    load and compile) is subtracted, giving microseconds per line. Then the same lines one at a
@@ -47,7 +47,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,9 +59,11 @@ from pathlib import Path
 from types import FrameType
 
 from daemons.pdns import PdnsServer, PdnsSettings, process_settings, render_config
+from daemons.process import port_free
 from dnslb.errors import DnslbError
 from dnslb.plan import Member, MemberState, Plan, Pool, Record, Soa, Zone, plan_to_json
 from dnslb.selection import answer_ttl
+from evaluation.percentile import percentile
 
 ZONE = "bench.test"
 POOL = f"www.{ZONE}"
@@ -185,18 +186,12 @@ distributor-threads={settings.threads}
 
 
 def free_port(address: str, start: int, taken: set[int]) -> int:
-    """The first port from ``start`` (below 5500) free for UDP and TCP on ``address``."""
+    """The first port from ``start`` (below 5500) free for UDP and TCP on ``address``: the same
+    ports run after run, so that a bench's figures are comparable."""
     for port in range(start, 5500):
-        if port in taken:
-            continue
-        try:
-            for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
-                with socket.socket(socket.AF_INET, kind) as sock:
-                    sock.bind((address, port))
-        except OSError:
-            continue
-        taken.add(port)
-        return port
+        if port not in taken and port_free(address, port, "udp") and port_free(address, port):
+            taken.add(port)
+            return port
     raise RuntimeError(f"no free loopback port between {start} and 5499")
 
 
@@ -271,6 +266,7 @@ def start_servers(
             threads=opts.pdns_threads,
             negative_ttl=negative_ttl,
             python=sys.executable,
+            state_dir=str(workdir / "pipe-backend"),
         )
 
     pipe_settings = settings(negative_ttl=0)
@@ -403,19 +399,11 @@ def measure_latency(targets: list[Target], opts: Options, datafile: Path) -> Non
                 verbose=True,
             )
             target.latencies += result.latencies
-            target.round_p99s.append(percentile(result.latencies, 99))
+            target.round_p99s.append(percentile(result.latencies, 0.99))
             say(
                 f"  round {round_index + 1}: {target.label:<16} {result.qps:>6,.0f} QPS, "
                 f"p99 {target.round_p99s[-1] * 1e3:.3f} ms"
             )
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile; ``inf`` when it falls on a lost query."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 # -- the bare backend -----------------------------------------------------------------------------
@@ -584,7 +572,7 @@ class PingPong:
 
     @property
     def p50_us(self) -> float:
-        return percentile(self.samples, 50) * 1e6
+        return percentile(self.samples, 0.50) * 1e6
 
     @property
     def cpu_us(self) -> float:
@@ -672,7 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="dnslb-bench-"))
     started_in = Path.cwd()
     # Every child (pdns_server and so its coprocesses) inherits this directory, where
-    # `python -m dnslb` puts the current directory first on sys.path: run from bench/, this
+    # `python -m pipe_backend` puts the current directory first on sys.path: run from bench/, this
     # script's own name would hide the pipe_backend package from the coprocess.
     os.chdir(workdir)
     try:
@@ -699,6 +687,7 @@ def _run(opts: Options, workdir: Path) -> int:
     plan_path = workdir / "plan.json"
     plan_path.write_text(plan_to_json(bench_plan()))
     backend_command = [sys.executable, "-m", "pipe_backend", "--plan", str(plan_path)]
+    backend_command += ["--state-dir", str(workdir / "pipe-backend")]
     lines = request_lines(opts.lines, random.Random(1))
 
     say(f"\n[1/3] bare backend: {opts.lines:,} request lines through pipes, {opts.repeats} repeats")
@@ -709,7 +698,7 @@ def _run(opts: Options, workdir: Path) -> int:
     for label, ping in pings.items():
         say(
             f"  {label:<22} mean {ping.mean_us:6.1f} us, p50 {ping.p50_us:6.1f} us, "
-            f"p99 {percentile(ping.samples, 99) * 1e6:6.1f} us per round trip; "
+            f"p99 {percentile(ping.samples, 0.99) * 1e6:6.1f} us per round trip; "
             f"its CPU {ping.cpu_us:.1f} us per request"
         )
 
@@ -751,15 +740,15 @@ def _run(opts: Options, workdir: Path) -> int:
             f"{target.backend_queries / queries:>16.2f} "
             f"{target.pdns_cpu / queries * 1e6:>6.1f} us "
             f"{target.backend_cpu / queries * 1e6:>9.1f} us "
-            f"{percentile(target.latencies, 50) * 1e3:>8.3f} "
-            f"{percentile(target.latencies, 99) * 1e3:>8.3f} "
+            f"{percentile(target.latencies, 0.50) * 1e3:>8.3f} "
+            f"{percentile(target.latencies, 0.99) * 1e3:>8.3f} "
             f"{statistics.median(target.round_p99s) * 1e3:>11.3f} {lost:>5}"
         )
 
     pipe_qps, bind_qps = statistics.median(pipe.qps), statistics.median(bind.qps)
     ratio = pipe_qps / bind_qps
-    p99_ms = percentile(pipe.latencies, 99) * 1e3
-    cached_p99_ms = percentile(cached.latencies, 99) * 1e3
+    p99_ms = percentile(pipe.latencies, 0.99) * 1e3
+    cached_p99_ms = percentile(cached.latencies, 0.99) * 1e3
     rows = [
         (
             "QPS ceiling, pipe/bind, caches off",
@@ -769,7 +758,7 @@ def _run(opts: Options, workdir: Path) -> int:
         ),
         (
             f"p99 at {FIXED_QPS} QPS, pipe, caches off",
-            f"{p99_ms:.3f} ms (bind {percentile(bind.latencies, 99) * 1e3:.3f} ms)",
+            f"{p99_ms:.3f} ms (bind {percentile(bind.latencies, 0.99) * 1e3:.3f} ms)",
             f"<= {P99_GOAL_MS} ms",
             p99_ms <= P99_GOAL_MS,
         ),

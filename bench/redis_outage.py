@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +35,13 @@ from bench.pipe_backend import (
     dnsperf,
     dnsperf_datafile,
     free_port,
-    percentile,
     say,
 )
 from daemons.pdns import PdnsServer, PdnsSettings
+from daemons.process import spawn
 from dnslb.plan_store import RedisPlanStore
-from dnslb.resp import RedisAddress, RedisConnection
+from dnslb.resp import RedisAddress, redis_answers
+from evaluation.percentile import percentile
 
 
 @dataclass(slots=True)
@@ -55,22 +55,13 @@ class Server:
 def redis_server(workdir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
     command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     command += ["--appendonly", "no", "--dir", str(workdir)]
-    process = subprocess.Popen(
+    process = spawn(
         command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        name="redis-server",
+        ready=lambda _: redis_answers(RedisAddress(port=port)),
+        timeout=10,
     )
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                RedisConnection(RedisAddress(port=port)).command("PING")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
         yield process
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -96,9 +87,24 @@ def worktree(revision: str) -> Iterator[Path]:
 
 def python_for(tree: Path, workdir: Path) -> str:
     """An interpreter path that imports dnslb from ``tree`` (PYTHONPATH comes before the
-    editable install's path)."""
+    editable install's path). A tree from before ``python -m pipe_backend`` runs its pipe backend
+    as ``python -m dnslb pipe-backend``, without the options it does not know (``--state-dir``)."""
+    old = not (tree / "pipe_backend" / "__main__.py").exists()
     wrapper = workdir / f"python-{tree.name}"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={tree} exec {sys.executable} "$@"\n')
+    wrapper.write_text(
+        f"""#!{sys.executable}
+import os, sys
+argv = sys.argv[1:]
+if {old!r} and argv[:3] == ["-P", "-m", "pipe_backend"]:
+    rest = argv[3:]
+    if "--state-dir" in rest:
+        at = rest.index("--state-dir")
+        del rest[at : at + 2]
+    argv = ["-P", "-m", "dnslb", "pipe-backend", *rest]
+os.environ["PYTHONPATH"] = {str(tree)!r}
+os.execv(sys.executable, [sys.executable, *argv])
+"""
+    )
     wrapper.chmod(0o755)
     return str(wrapper)
 
@@ -162,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     say(
                         f"  round {round_index + 1}: {server.label:<12} {condition:<14} "
                         f"{result.qps:>6,.0f} QPS, p99 "
-                        f"{percentile(result.latencies, 99) * 1e3:8.3f} ms, {lost} lost"
+                        f"{percentile(result.latencies, 0.99) * 1e3:8.3f} ms, {lost} lost"
                     )
         os.kill(redis.pid, signal.SIGCONT)
         say("\nsummary (every response of every round; a lost query counts as slower than any):")
@@ -171,9 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             p99s = {}
             for condition, values in server.latencies.items():
                 lost = sum(1 for value in values if math.isinf(value))
-                p99s[condition] = percentile(values, 99)
+                p99s[condition] = percentile(values, 0.99)
                 say(
-                    f"  {server.label:<12} {condition:<14} {percentile(values, 50) * 1e3:8.3f} "
+                    f"  {server.label:<12} {condition:<14} {percentile(values, 0.50) * 1e3:8.3f} "
                     f"{p99s[condition] * 1e3:9.3f} {lost:>6}"
                 )
             ratio = p99s["redis stopped"] / p99s["redis healthy"]

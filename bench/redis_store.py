@@ -49,11 +49,12 @@ from pathlib import Path
 from types import FrameType
 
 from daemons.pdns import PdnsServer, PdnsSettings
-from daemons.process import stop_group
+from daemons.process import free_port, spawn, stop_group
 from dnslb.errors import DnslbError
 from dnslb.plan import Member, Plan, Pool, Soa, Zone
 from dnslb.plan_store import RedisPlanStore
-from dnslb.resp import RedisAddress, RedisConnection, RedisError
+from dnslb.resp import RedisAddress, RedisError, redis_answers
+from evaluation.percentile import percentile
 
 ZONE = "bench.test"
 POOL = f"www.{ZONE}"
@@ -111,35 +112,18 @@ def bench_plan(members: int = 4, version: int = 1) -> Plan:
 # -- Redis, and a proxy in front of it that misbehaves on demand ----------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
-    process = subprocess.Popen(
+    process = spawn(
         [
             *("redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
             *("--appendonly", "no", "--dir", str(workdir)),
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        name="redis-server",
+        ready=lambda _: redis_answers(RedisAddress(port=port)),
+        timeout=10,
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        connection = RedisConnection(RedisAddress(port=port), backoff_min=0, backoff_max=0)
-        try:
-            connection.command("PING")
-            return process, port
-        except OSError:
-            time.sleep(0.05)
-        finally:
-            connection.close()
-    stop_group(process)
-    raise RuntimeError("redis-server did not start")
+    return process, port
 
 
 class Proxy:
@@ -214,13 +198,6 @@ class Proxy:
 # -- 1. the client --------------------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], p: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
 def measure_client(redis: subprocess.Popen[bytes], port: int, opts: Options) -> None:
     store = RedisPlanStore(RedisAddress(port=port, key="bench:plan"))
     try:
@@ -233,7 +210,7 @@ def measure_client(redis: subprocess.Popen[bytes], port: int, opts: Options) -> 
         say(
             f"  stamp read (GET of a small key), {opts.stamps} calls: "
             f"median {statistics.median(times) * 1e6:.0f} us, "
-            f"p99 {percentile(times, 99) * 1e6:.0f} us"
+            f"p99 {percentile(times, 0.99) * 1e6:.0f} us"
         )
         big = bench_plan(members=100_000)
         store.publish(big)
@@ -317,7 +294,7 @@ def measure_dns(port: int, proxy: Proxy, opts: Options, workdir: Path) -> dict[s
             lost = sum(1 for value in found if math.isinf(value))
             say(
                 f"  round {round_index + 1}: Redis {mode:<8} {sent:>6} queries, "
-                f"p99 {percentile(found, 99) * 1e3:.3f} ms, {lost} lost"
+                f"p99 {percentile(found, 0.99) * 1e3:.3f} ms, {lost} lost"
             )
         proxy.mode = "healthy"
     return latencies
@@ -392,15 +369,15 @@ def _run(opts: Options, workdir: Path) -> int:
 
     say("")
     say(f"{'Redis':<10}{'responses':>10}{'lost':>7}{'p50 ms':>9}{'p99 ms':>9}")
-    healthy = percentile(latencies["healthy"], 99)
+    healthy = percentile(latencies["healthy"], 0.99)
     for mode in MODES:
         found = latencies[mode]
         lost = sum(1 for value in found if math.isinf(value))
         say(
-            f"{mode:<10}{len(found):>10}{lost:>7}{percentile(found, 50) * 1e3:>9.3f}"
-            f"{percentile(found, 99) * 1e3:>9.3f}"
+            f"{mode:<10}{len(found):>10}{lost:>7}{percentile(found, 0.50) * 1e3:>9.3f}"
+            f"{percentile(found, 0.99) * 1e3:>9.3f}"
         )
-    worst = max(percentile(latencies[mode], 99) for mode in MODES[1:])
+    worst = max(percentile(latencies[mode], 0.99) for mode in MODES[1:])
     verdict = "met" if worst <= 1.5 * healthy else "MISSED"
     say(
         f"p99 with Redis silent or trickling vs healthy: {worst * 1e3:.3f} ms vs "

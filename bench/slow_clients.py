@@ -29,9 +29,7 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,16 +39,13 @@ from typing import Any
 
 import httpx
 
+from daemons.process import free_port, http_answers, spawn
+from evaluation.percentile import percentile
+
 TOKEN = "bench-agent-token-0123456789"
 SLOW = 200
 TRICKLE_EVERY = 0.5
 KINDS = ("trickled headers", "trickled body", "stalled keep-alive", "silent")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def write_config(directory: Path, servers: int, port: int) -> Path:
@@ -204,11 +199,6 @@ def measure(
     return latencies, crowd
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each condition")
@@ -223,25 +213,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         config = write_config(Path(tmp), args.agents, port)
-        command = [sys.executable, "-m", "dnslb", "manager", "--config", str(config)]
+        command = [sys.executable, "-m", "cli", "manager", "--config", str(config)]
         command += ["--log-level", "error"]
         if pinned:
             command = ["taskset", "-c", "0", *command]
             os.sched_setaffinity(0, set(range(1, os.cpu_count() or 2)))
-        manager = subprocess.Popen(
-            command, env={**os.environ, "DNSLB_BENCH_TOKEN": TOKEN}, start_new_session=True
-        )
         url = f"http://127.0.0.1:{port}"
+        manager = spawn(
+            command,
+            name="manager",
+            ready=lambda _: http_answers(f"{url}/healthz"),
+            log=Path(tmp) / "manager.log",
+            timeout=30,
+            env={**os.environ, "DNSLB_BENCH_TOKEN": TOKEN},
+        )
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    httpx.get(f"{url}/healthz", timeout=1)
-                    break
-                except httpx.TransportError:
-                    if time.monotonic() > deadline:
-                        raise SystemExit("the manager did not start") from None
-                    time.sleep(0.2)
             results: dict[str, tuple[Latencies, list[Crowd]]] = {
                 "quiet": (Latencies(), []),
                 "slowloris": (Latencies(), []),

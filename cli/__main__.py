@@ -1,4 +1,4 @@
-"""``python -m dnslb`` is the ``dnslb`` command."""
+"""``python -m cli`` is the ``dnslb`` command (what the project runs in its own subprocesses)."""
 
 from cli.main import main
 

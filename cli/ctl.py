@@ -259,14 +259,23 @@ def show_events(page: Mapping[str, Any]) -> str:
             event["kind"],
             event["pool"] or "-",
             event["server"] or "-",
+            _change(event),
             event["reason"],
         ]
         for event in page["events"]
     ]
-    text = table(["ID", "TIME", "KIND", "POOL", "SERVER", "REASON"], rows)
+    text = table(["ID", "TIME", "KIND", "POOL", "SERVER", "CHANGE", "REASON"], rows)
     if page.get("next_before_id") is not None:
         text += f"\n(more: --before-id {page['next_before_id']})"
     return text
+
+
+def _change(event: Mapping[str, Any]) -> str:
+    """A state change as ``warming -> active``; ``-`` for other events."""
+    before, after = event.get("from_state"), event.get("to_state")
+    if before is None and after is None:
+        return "-"
+    return f"{before or '?'} -> {after or '?'}"
 
 
 # -- commands ---------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from agents.node_agent import NodeAgentConfig
 from dnslb.agent_config import AgentConfig
 from dnslb.config import reference
 from manager.config import ManagerConfig
@@ -27,6 +28,7 @@ SCHEMAS: dict[str, type] = {
     for schema in (
         ManagerConfig,
         AgentConfig,
+        NodeAgentConfig,
         DockerProviderConfig,
         Ec2ProviderConfig,
         OpenStackProviderConfig,

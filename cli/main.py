@@ -269,6 +269,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PACKAGES = frozenset(
+    {
+        "dnslb",
+        "pipe_backend",
+        "daemons",
+        "agents",
+        "manager",
+        "api",
+        "lab",
+        "evaluation",
+        "sim",
+        "cli",
+    }
+)
+"""The project's own packages (a missing one is a broken install, not a missing extra)."""
+
+EXTRAS = {
+    "agent": "agent",
+    "cache-server": "agent",
+    "node-agent": "agent",
+    "manager": "manager",
+    "ctl": "manager",
+    "docs": "dev",
+    "fuzz": "dev",
+    "sim": "sim",
+    "lab": "lab",
+    "loadtest": "lab",
+    "report": "lab",
+    "experiments": "lab",
+    "origin": "lab",
+}
+"""The package extra each subcommand needs (the core's commands need none): docs/install.md."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``dnslb`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -277,6 +311,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except DnslbError as exc:
         print(f"dnslb {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get(args.command)
+        if extra is None or (exc.name or "").split(".")[0] in PACKAGES:
+            raise
+        print(
+            f"dnslb {args.command}: {exc.name} is not installed; this command needs the "
+            f"{extra} extra: pip install 'dnslb[{extra}]'",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         return 130

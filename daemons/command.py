@@ -43,6 +43,14 @@ def add_pdns_config_arguments(parser: argparse.ArgumentParser) -> None:
         help="file holding the password of a redis:// plan, given to the pipe backend by path "
         "(a password in the URL is refused: pdns's pipe-command is visible in ps)",
     )
+    parser.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="the pipe backend's state directory (its last good plan), writable by the pdns "
+        "user (default: the pipe backend's, $STATE_DIRECTORY or ~/.local/state/dnslb/"
+        "pipe-backend of the pdns user)",
+    )
 
 
 def run_pdns_config(args: argparse.Namespace) -> int:
@@ -55,6 +63,7 @@ def run_pdns_config(args: argparse.Namespace) -> int:
         port=args.port,
         threads=args.threads,
         redis_password_file=str(Path(password_file).resolve()) if password_file else None,
+        state_dir=str(Path(args.state_dir).resolve()) if args.state_dir else None,
     )
     sys.stdout.write(render_config(settings, args.socket_dir))
     return 0

@@ -23,13 +23,14 @@ import os
 import pwd
 import shutil
 import subprocess
-import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemons.process import log_tail, stop_group
-from dnslb.errors import ConfigError, ProcessError
+from daemons.process import log_tail, spawn, stop_group
+from dnslb.config import checked, setting
+from dnslb.errors import ProcessError
 
 DEFAULT_STATUS_PATH = "/nginx_status"
 CACHE_ZONE = "dnslb_cache"
@@ -43,20 +44,33 @@ class NginxSettings:
     ``origin`` is the URL requests are proxied to (``http://host:port``, optionally with a path
     prefix); None makes a server that only serves its status page (and 404 elsewhere).
     ``user`` is the user the workers run as when nginx starts as root; None means the user
-    starting it, so that workers can write the cache under a private work directory.
+    starting it, so that workers can write the cache under a private work directory. Built in
+    code; :func:`render_config` checks it (:func:`~dnslb.config.checked`).
     """
 
-    address: str = "127.0.0.1"
-    port: int = 8080
-    status_path: str = DEFAULT_STATUS_PATH
-    origin: str | None = None
-    worker_processes: int = 1
-    worker_connections: int = 1024
-    cache_max_size_mb: int = 256
-    cache_valid_seconds: int = 60  # how long a 200/301/302 stays fresh without cache headers
-    origin_timeout_seconds: int = 60  # proxy_read_timeout: the slowest origin answer accepted
-    access_log: bool = False  # one line per request: off by default, a loaded lab fills disks
-    user: str | None = None
+    address: str = setting("127.0.0.1", help="listen address")
+    port: int = setting(8080, help="listen port", min=1, max=65535)
+    status_path: str = setting(
+        DEFAULT_STATUS_PATH, help="where stub_status answers (loopback clients only)"
+    )
+    origin: str | None = setting(
+        None, help="the origin proxied to, http(s)://host:port[/prefix] (null: status page only)"
+    )
+    worker_processes: int = setting(1, help="nginx worker processes", min=1)
+    worker_connections: int = setting(1024, help="connections per worker", min=1)
+    cache_max_size_mb: int = setting(256, help="disk cache size in MiB", min=1)
+    cache_valid_seconds: int = setting(
+        60, help="how long a 200/301/302 stays fresh without cache headers", min=1
+    )
+    origin_timeout_seconds: int = setting(
+        60, help="proxy_read_timeout: the slowest origin answer accepted", min=1
+    )
+    access_log: bool = setting(
+        False, help="one line per request (off by default: a loaded lab fills disks)"
+    )
+    user: str | None = setting(
+        None, help="user (and group) of the workers when nginx starts as root (null: the starter)"
+    )
     # Capacity emulation (the lab): at most ``capacity_rps`` requests a second start; the rest
     # wait in a queue of up to ``queue_limit`` (then 503), and each response is sent at
     # ``send_rate`` bytes a second, so a request takes time and a loaded server queues.
@@ -65,39 +79,30 @@ class NginxSettings:
     # seconds; writes of ``send_chunk`` bytes make a response of S bytes take about
     # (S - send_chunk) / send_rate seconds, as a server's work grows with what it serves
     # (measured in docs/lab.md).
-    capacity_rps: float | None = None
-    queue_limit: int = 10000
-    send_rate: int | None = None
-    send_chunk: int = 2048
+    capacity_rps: float | None = setting(
+        None, help="emulated capacity: requests a second, 1/60 to 100000 (null: no limit)"
+    )
+    queue_limit: int = setting(
+        10000, help="requests waiting beyond capacity_rps before a 503", min=0
+    )
+    send_rate: int | None = setting(
+        None, help="emulated bandwidth: bytes a second per response (null: no limit)", min=1
+    )
+    send_chunk: int = setting(2048, help="bytes per paced write", min=512, max=1048576)
 
-    def problems(self) -> list[str]:
-        """What is wrong with these settings (empty when they can be rendered)."""
-        found = []
-        if not 0 < self.port < 65536:
-            found.append(f"port: must be 1 to 65535, not {self.port}")
+    def config_problems(self) -> Iterator[str]:
         if not self.status_path.startswith("/") or any(c in self.status_path for c in " ;{}"):
-            found.append(f"status_path: must be a plain absolute path, not {self.status_path!r}")
+            yield f"status_path: must be a plain absolute path, not {self.status_path!r}"
         if self.origin is not None:
             parsed = urllib.parse.urlsplit(self.origin)
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
-                found.append(f"origin: must be an http(s) URL, not {self.origin!r}")
+                yield f"origin: must be an http(s) URL, not {self.origin!r}"
             elif parsed.query or parsed.fragment:
-                found.append(f"origin: must not have a query or fragment: {self.origin!r}")
+                yield f"origin: must not have a query or fragment: {self.origin!r}"
             elif any(c in self.origin for c in " ;{}'\""):
-                found.append(f"origin: must not contain spaces, quotes or ;{{}}: {self.origin!r}")
-        for name in ("worker_processes", "worker_connections", "cache_max_size_mb"):
-            if getattr(self, name) < 1:
-                found.append(f"{name}: must be at least 1")
-        for name in ("cache_valid_seconds", "origin_timeout_seconds"):
-            if getattr(self, name) < 1:
-                found.append(f"{name}: must be at least 1")
+                yield f"origin: must not contain spaces, quotes or ;{{}}: {self.origin!r}"
         if self.capacity_rps is not None and not 1 / 60 <= self.capacity_rps <= 100000:
-            found.append(f"capacity_rps: must be 1/60 to 100000, not {self.capacity_rps}")
-        if self.send_rate is not None and self.send_rate < 1:
-            found.append("send_rate: must be at least 1 byte a second")
-        if not 512 <= self.send_chunk <= 1048576:
-            found.append(f"send_chunk: must be 512 to 1048576 bytes, not {self.send_chunk}")
-        return found
+            yield f"capacity_rps: must be 1/60 to 100000, not {self.capacity_rps}"
 
     @property
     def status_url(self) -> str:
@@ -122,11 +127,9 @@ def _worker_user(settings: NginxSettings) -> str | None:
 def render_config(settings: NginxSettings, workdir: str | os.PathLike[str]) -> str:
     """The ``nginx.conf`` text for ``settings`` with every path under ``workdir``.
 
-    Raises :class:`ConfigError` listing every problem of ``settings``.
+    Raises :class:`~dnslb.errors.ConfigError` listing every problem of ``settings``.
     """
-    problems = settings.problems()
-    if problems:
-        raise ConfigError("nginx settings", problems)
+    checked(settings, "nginx settings")
     work = Path(workdir).resolve()
     user = _worker_user(settings)
     user_line = f"user {user};\n" if user else ""
@@ -288,42 +291,29 @@ class NginxServer:
         config_path = self.workdir / "nginx.conf"
         config_path.write_text(render_config(self.settings, self.workdir))
         self.pid_path.unlink(missing_ok=True)
-        with open(self.stderr_path, "ab") as stderr_file:
-            self.process = subprocess.Popen(
-                [
-                    binary,
-                    "-p",
-                    f"{self.workdir.resolve()}/",
-                    "-c",
-                    str(config_path.resolve()),
-                    # Errors before the configuration is read go here too, not to stderr.
-                    "-e",
-                    str(self.log_path.resolve()),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=stderr_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                status = self.process.returncode
-                self.process = None
-                raise ProcessError(f"nginx exited with status {status}:\n{self.log_tail()}")
+        self.process = spawn(
+            [
+                binary,
+                "-p",
+                f"{self.workdir.resolve()}/",
+                "-c",
+                str(config_path.resolve()),
+                # Errors before the configuration is read go here too, not to stderr.
+                "-e",
+                str(self.log_path.resolve()),
+            ],
+            name="nginx",
             # nginx writes its pid file only once its sockets are bound: before that, a status
             # page on this port could be another server's (ours retries bind() for 2.5 s).
-            if self._pid_written() and status_answers(self.settings):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise ProcessError(
-            f"nginx did not answer on {self.status_url} within {timeout:.0f} s:\n{self.log_tail()}"
+            ready=lambda process: self._pid_written(process.pid) and status_answers(self.settings),
+            log=self.stderr_path,
+            timeout=timeout,
+            describe_log=self.log_tail,
         )
 
-    def _pid_written(self) -> bool:
+    def _pid_written(self, pid: int) -> bool:
         try:
-            return self.pid_path.read_text().strip() == str(self.pid)
+            return self.pid_path.read_text().strip() == str(pid)
         except OSError:
             return False
 

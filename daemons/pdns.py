@@ -8,18 +8,17 @@ coprocesses. The lab and the integration tests use both.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemons.process import wait_for_group_exit
+from daemons.process import log_tail, spawn, stop_group
 from dnslb.errors import ConfigError, ProcessError
 from dnslb.resp import redact_url, url_has_password
 
@@ -29,8 +28,13 @@ def pipe_command(
     *,
     python: str | None = None,
     redis_password_file: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
 ) -> list[str]:
     """The coprocess command line PowerDNS should run for a plan location.
+
+    ``state_dir`` is the pipe backend's ``--state-dir`` (an absolute path; where it keeps its
+    last good plan): without it the pipe backend picks its default, ``$STATE_DIRECTORY`` or the
+    pdns user's ``~/.local/state/dnslb/pipe-backend``.
 
     PowerDNS splits ``pipe-command`` on spaces and execs it, so the interpreter path must be
     absolute and no part may hold a space (nor any other blank or control character: a newline
@@ -62,6 +66,10 @@ def pipe_command(
         if not os.path.isabs(password_file):
             raise ConfigError("pipe-command", [f"{password_file!r}: must be an absolute path"])
         command += ["--redis-password-file", password_file]
+    if state_dir is not None:
+        if not os.path.isabs(state_dir):
+            raise ConfigError("pipe-command", [f"{str(state_dir)!r}: must be an absolute path"])
+        command += ["--state-dir", str(state_dir)]
     unsafe = [part for part in command if not part.isprintable() or any(c.isspace() for c in part)]
     if unsafe:
         raise ConfigError(
@@ -94,6 +102,8 @@ class PdnsSettings:
     # A file holding the Redis password of a redis:// plan: the pipe backend reads it (a
     # password on pipe-command would be visible to anyone on the host with ps).
     redis_password_file: str | None = None
+    # The pipe backend's --state-dir, writable by the pdns user (None: its own default).
+    state_dir: str | None = None
 
 
 def render_config(settings: PdnsSettings, socket_dir: str | os.PathLike[str]) -> str:
@@ -103,6 +113,7 @@ def render_config(settings: PdnsSettings, socket_dir: str | os.PathLike[str]) ->
             settings.plan,
             python=settings.python,
             redis_password_file=settings.redis_password_file,
+            state_dir=settings.state_dir,
         )
     )
     return f"""\
@@ -163,7 +174,8 @@ class PdnsServer:
 
     ``config`` replaces the rendered ``pdns.conf`` (a benchmark's other backend or cache
     settings); it must listen on ``settings.address`` and ``settings.port``, which :meth:`start`
-    probes, and should put its ``socket-dir`` in ``workdir``.
+    probes, and should put its ``socket-dir`` in ``workdir``. The rendered one gives the pipe
+    backend ``workdir/pipe-backend`` as its state directory unless ``settings.state_dir`` says.
     """
 
     def __init__(
@@ -183,51 +195,30 @@ class PdnsServer:
         """Start pdns_server and wait until it answers an SOA query for ``probe_name``."""
         binary = find_pdns_server()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        config = (
-            self.config if self.config is not None else render_config(self.settings, self.workdir)
-        )
+        settings = self.settings
+        if settings.state_dir is None:
+            state_dir = (self.workdir / "pipe-backend").resolve()
+            settings = dataclasses.replace(settings, state_dir=str(state_dir))
+        config = self.config if self.config is not None else render_config(settings, self.workdir)
         (self.workdir / "pdns.conf").write_text(config)
-        with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(
-                [binary, f"--config-dir={self.workdir}"],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ProcessError(
-                    f"pdns_server exited with status {self.process.returncode}:\n{self.log_tail()}"
-                )
-            if soa_answers(self.settings.address, self.settings.port, probe_name):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise ProcessError(f"pdns_server did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+        self.process = spawn(
+            [binary, f"--config-dir={self.workdir}"],
+            name="pdns_server",
+            ready=lambda _: soa_answers(self.settings.address, self.settings.port, probe_name),
+            log=self.log_path,
+            timeout=timeout,
+            describe_log=self.log_tail,
+        )
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        """The end of pdns_server's log (its coprocesses' lines too)."""
+        return log_tail(self.log_path, lines) or "(pdns_server wrote nothing)"
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop pdns_server and its coprocesses (the whole process group)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        except ProcessLookupError:
-            pass
-        wait_for_group_exit(process.pid)
+        if process is not None:
+            stop_group(process, timeout=timeout)
 
     def __enter__(self) -> PdnsServer:
         return self

@@ -1,25 +1,105 @@
-"""Child processes in a process group of their own: stopping the whole group, reading its log.
+"""Child processes in a process group of their own: starting one and waiting until it is ready,
+stopping the whole group, reading its log, finding free ports.
 
 The programs dnslb runs (pdns_server with its coprocesses, nginx with its workers, agents in the
-lab) each start in a new session, so that one signal reaches everything they started and a
-stop leaves nothing behind. "Gone" means no *live* process is left in the group: an orphan that
-has exited but that no one reaps (PID 1 in some containers never does) stays a zombie, holding
-no memory, socket or file, and would otherwise make a clean stop look like a hang.
+lab) each start in a new session (:func:`spawn`), so that one signal reaches everything they
+started and a stop leaves nothing behind. "Gone" means no *live* process is left in the group:
+an orphan that has exited but that no one reaps (PID 1 in some containers never does) stays a
+zombie, holding no memory, socket or file, and would otherwise make a clean stop look like a
+hang.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from dnslb.errors import ProcessError
 
 _PROC = Path("/proc")
+
+
+def spawn(
+    command: Sequence[str],
+    *,
+    name: str,
+    ready: Callable[[subprocess.Popen[bytes]], bool],
+    log: str | os.PathLike[str] | None = None,
+    timeout: float = 15.0,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    describe_log: Callable[[], str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` as the leader of a process group of its own and wait until it is ready.
+
+    Its standard output and error are appended to ``log`` (discarded without one); its standard
+    input is closed. ``ready(process)`` is polled every 50 ms: it should be cheap, must not raise,
+    and is true once the program serves (answers on its port, say). When the process exits
+    first, or is not ready within ``timeout`` seconds, its whole group is stopped and
+    :class:`ProcessError` says so with the end of its log (``describe_log()`` when given, else
+    the tail of ``log``), naming it ``name``. Whatever else interrupts the wait (Ctrl-C) stops
+    the group too. An ``OSError`` from starting it (no such program) is raised as it is.
+    """
+    if log is None:
+        process = _popen(command, subprocess.DEVNULL, cwd, env)
+    else:
+        with open(log, "ab") as output:
+            process = _popen(command, output, cwd, env)
+
+    def tail() -> str:
+        if describe_log is not None:
+            return describe_log()
+        return (log_tail(log, 30) if log is not None else "") or "(no log)"
+
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            status = process.poll()
+            if status is not None:
+                raise ProcessError(f"{name} exited with status {status}:\n{tail()}")
+            if ready(process):
+                return process
+            if time.monotonic() >= deadline:
+                raise ProcessError(f"{name} did not answer within {timeout:g} s:\n{tail()}")
+            time.sleep(0.05)
+    except BaseException:
+        stop_group(process)  # what it started may still run, even when it has exited
+        raise
+
+
+def _popen(
+    command: Sequence[str],
+    output: int | IO[bytes],
+    cwd: str | os.PathLike[str] | None,
+    env: Mapping[str, str] | None,
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        list(command),
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def http_answers(url: str, timeout: float = 1.0) -> bool:
+    """True when ``url`` (plain http, ours) answers with a 2xx status: a readiness check."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):  # noqa: S310 (our own http URL)
+            return True
+    except (OSError, http.client.HTTPException):  # refused, reset, an error status, a bad reply
+        return False
 
 
 def live_group_members(pgid: int) -> list[int]:
@@ -212,3 +292,15 @@ def port_free(address: str, port: int, kind: str = "tcp") -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port(address: str = "127.0.0.1", kinds: Sequence[str] = ("tcp", "udp")) -> int:
+    """A port the kernel picked as free on ``address``, and free there for every one of
+    ``kinds`` ("tcp", "udp") right now (another program may take it before it is used)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+            port = int(probe.getsockname()[1])
+        if all(port_free(address, port, kind) for kind in kinds):
+            return port
+    raise ProcessError(f"no port free for {'/'.join(kinds)} on {address} after 50 tries")

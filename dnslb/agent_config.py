@@ -6,6 +6,14 @@ writes one for every cache server it starts (:func:`dnslb.config.dump_config`), 
 importing the agent. Build it with :func:`dnslb.config.load_config`; the reference table in
 ``docs/agent.md`` is :func:`dnslb.config.reference` of :class:`AgentConfig`.
 
+The sources an agent may read are a plugin family, :class:`SourceConfig`. Their configuration
+classes are here, in the core, because they are the contract between the two: the manager
+writes them without the agents' code and must accept the same ones. Their implementations are in
+:mod:`agents.sources`, which maps each registered configuration to its class (and a test checks
+that every one has an implementation and every implementation a configuration). A new source is
+its configuration class here, with ``@SourceConfig.register``, its module in ``agents/sources/``
+and its line in :data:`agents.sources.SOURCES`.
+
 A minimal file::
 
     server_id: cache-1
@@ -26,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from dnslb.config import Secret, setting
+from dnslb.config import PluginConfig, Secret, setting
 from dnslb.report import MAX_ID_LENGTH
 
 
@@ -37,8 +45,15 @@ def _url_problem(name: str, url: str) -> str | None:
     return None
 
 
+class SourceConfig(PluginConfig):
+    """An agent's ``source`` block: the configuration of one registered utilization source."""
+
+    __slots__ = ()
+
+
+@SourceConfig.register
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NginxSourceConfig:
+class NginxSourceConfig(SourceConfig):
     """Requests in progress from nginx's `stub_status` page (Reading + Writing - 1).
 
     The status request itself is one of the Writing; nginx cannot know its capacity.
@@ -60,8 +75,9 @@ class NginxSourceConfig:
             yield problem
 
 
+@SourceConfig.register
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PortSourceConfig:
+class PortSourceConfig(SourceConfig):
     """Requests in progress as the established TCP connections to a local port.
 
     One request per connection: right for servers without keep-alive, an upper bound with it.
@@ -74,8 +90,9 @@ class PortSourceConfig:
     )
 
 
+@SourceConfig.register
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JsonSourceConfig:
+class JsonSourceConfig(SourceConfig):
     """Requests in progress from the application: `{"in_progress": n, "max_concurrency": m}`.
 
     ``served_total`` in the answer is optional.
@@ -92,9 +109,6 @@ class JsonSourceConfig:
         problem = _url_problem("url", self.url)
         if problem:
             yield problem
-
-
-SourceConfig = NginxSourceConfig | PortSourceConfig | JsonSourceConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,4 +149,4 @@ class AgentConfig:
 
 def agent_command(config_path: str | os.PathLike[str], *, python: str | None = None) -> list[str]:
     """The command line that runs an agent on ``config_path`` (with this interpreter)."""
-    return [python or sys.executable, "-m", "dnslb", "agent", "--config", str(config_path)]
+    return [python or sys.executable, "-m", "cli", "agent", "--config", str(config_path)]

@@ -6,28 +6,34 @@ then built field by field from the dataclasses' type hints:
 
 - ``str``, ``int``, ``float``, ``bool``, ``StrEnum`` subclasses, ``Literal[...]``;
 - nested dataclasses, ``tuple[T, ...]`` (from a YAML list), ``Mapping[str, T]``, ``T | None``;
-- a union of dataclasses told apart by their ``type: Literal["name"]`` field (plugins);
+- a union of dataclasses told apart by their ``type: Literal["name"]`` field, or a
+  :class:`PluginConfig` family: every configuration registered in it, told apart the same way;
 - :class:`Secret`: written as a reference, ``env:NAME`` or ``file:/path``, never as the value.
 
 Unknown keys are errors; so are duplicate keys. A field's default comes from the dataclass;
 :func:`setting` adds bounds and the help text that :func:`reference` turns into documentation. A
 dataclass may define ``config_problems(self) -> Iterable[str]`` for rules across fields. Every
 problem is collected (``manager.yaml, line 12: pools[0].k: must be at least 1, not 0``) and
-raised together in one :class:`~dnslb.errors.ConfigError`. :func:`dump_config` is the inverse:
-a program that starts another (the local provider starting an agent) writes its config with it.
+raised together in one :class:`~dnslb.errors.ConfigError`. Settings built in code rather than
+read from a file get the same checks from :func:`checked` (their list from :func:`problems_of`),
+not from a ``__post_init__`` of their own. :func:`dump_config` is the inverse of loading: a
+program that starts another (the local provider starting an agent) writes its config with it.
 """
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
+import functools
+import inspect
 import math
 import os
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from dnslb.errors import ConfigError
 from dnslb.plan_store import read_regular_file
@@ -54,6 +60,93 @@ def _yaml() -> Any:
 
 
 _T = TypeVar("_T")
+
+
+class PluginConfig:
+    """The base of one kind of plugin's configuration classes, which a ``type`` key tells apart.
+
+    A kind of plugin (cloud providers, utilization sources, health checks) declares its family
+    as a direct subclass, not a dataclass, whose bare annotations name the fields every plugin of
+    the kind must have (``type`` is declared here; registering a plugin without one fails)::
+
+        class HealthCheckConfig(PluginConfig):
+            __slots__ = ()
+            interval: float
+
+    Each plugin's configuration is a frozen dataclass deriving from its family, with a field
+    ``type: Literal["name"]``, registered with ``@HealthCheckConfig.register`` (above
+    ``@dataclass``). A field typed with the family (``check: HealthCheckConfig | None``) accepts
+    the configuration of every plugin registered when the document is built, chosen by its
+    ``type`` key; the reference and the JSON Schema list them by name.
+    """
+
+    __slots__ = ()
+    type: str  # each plugin narrows it to its ``Literal["name"]``
+    _plugins: ClassVar[dict[str, builtins.type[PluginConfig]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if PluginConfig in cls.__bases__:
+            cls._plugins = {}  # a new family: its own registry
+
+    @classmethod
+    def register(cls, plugin: builtins.type[_P]) -> builtins.type[_P]:
+        """Class decorator: accept ``plugin``'s configuration wherever the family is a field's type.
+
+        ``plugin`` must be a dataclass deriving from the family with every attribute the family
+        declares as a field; its name is its ``type`` (:func:`plugin_name`), unique in the family.
+        """
+        if "_plugins" not in cls.__dict__:
+            raise TypeError(f"{cls.__name__} is not a family of plugins (a PluginConfig subclass)")
+        candidate: Any = plugin  # checked here for callers mypy does not see
+        if not (dataclasses.is_dataclass(candidate) and isinstance(candidate, builtins.type)):
+            raise TypeError(f"{plugin!r} must be a dataclass to be registered in {cls.__name__}")
+        if not issubclass(plugin, cls):
+            raise TypeError(f"{plugin.__name__} must derive from {cls.__name__}")
+        fields = {field.name for field in dataclasses.fields(candidate)}
+        missing = [name for name in _declared(cls) if name not in fields]
+        if missing:
+            raise TypeError(f"{plugin.__name__} lacks the fields {', '.join(missing)}")
+        name = plugin_name(plugin)
+        known = cls._plugins.get(name)
+        if known is not None and known is not plugin:
+            raise TypeError(
+                f"{plugin.__name__}: {cls.__name__} {name!r} is already {known.__qualname__}"
+            )
+        cls._plugins[name] = plugin
+        return plugin
+
+    @classmethod
+    def plugins(cls) -> Mapping[str, builtins.type[PluginConfig]]:
+        """The configurations registered in this family, by ``type``, sorted by it."""
+        return types.MappingProxyType(dict(sorted(cls._plugins.items())))
+
+
+_P = TypeVar("_P", bound=PluginConfig)
+
+
+def plugin_name(plugin: type) -> str:
+    """The ``type`` a plugin's configuration class declares (``Literal["name"]``)."""
+    args = typing.get_args(typing.get_type_hints(plugin).get("type"))
+    if len(args) != 1 or not isinstance(args[0], str):
+        raise TypeError(f"{plugin.__name__} must declare its name as type: Literal['name']")
+    return args[0]
+
+
+def _declared(family: type) -> list[str]:
+    """The attributes a family declares (and ``type``): every plugin has them as fields."""
+    names: list[str] = []
+    for klass in reversed(family.__mro__):
+        if issubclass(klass, PluginConfig):
+            names += [name for name in inspect.get_annotations(klass) if name[0] != "_"]
+    return names
+
+
+def _family_plugins(hint: Any) -> list[type] | None:
+    """The plugins of ``hint`` when it is a :class:`PluginConfig` family, else None."""
+    if isinstance(hint, type) and issubclass(hint, PluginConfig) and "_plugins" in vars(hint):
+        return list(hint.plugins().values())
+    return None
 
 
 class Secret:
@@ -146,6 +239,94 @@ def default_of(schema: type, name: str) -> Any:
     raise ValueError(f"{schema.__name__} has no field {name!r}")
 
 
+# -- settings built in code -------------------------------------------------------------------
+
+
+def problems_of(instance: object) -> list[str]:
+    """Every problem of a settings dataclass built in code (not by :func:`load_config`).
+
+    The rules :func:`build_config` applies to a document, applied to an instance: each field's
+    :func:`setting` bounds (a float must also be finite), then ``config_problems()``, through
+    nested dataclasses (alone, in tuples, in mappings), each problem as ``"path: message"`` in the
+    builder's words (``nodes[1].port: must be at most 65535, not 70000``). Unlike the builder,
+    which has no instance to ask while a field is wrong, it runs ``config_problems`` even when a
+    bound is broken, so that every problem is listed at once. Types are left to mypy; an empty
+    list means the instance is valid.
+    """
+    problems: list[str] = []
+    _collect_problems(instance, "", problems)
+    return problems
+
+
+def checked(instance: _T, what: str | None = None) -> _T:
+    """``instance`` itself when :func:`problems_of` finds nothing, else :class:`ConfigError`
+    (titled ``what``, by default the class's name) listing every problem.
+
+    The one way to guarantee that settings built in code are valid, where they are built or
+    where a component takes them: ``config = checked(NodeAgentConfig(...), "node agent")``.
+    """
+    problems = problems_of(instance)
+    if problems:
+        raise ConfigError(what or type(instance).__name__, problems)
+    return instance
+
+
+def _collect_problems(value: object, path: str, problems: list[str]) -> None:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        nested = _nested_fields(type(value))
+        for item in dataclasses.fields(value):
+            where = f"{path}.{item.name}" if path else item.name
+            field_value = getattr(value, item.name)
+            if problem := _bounds_problem(field_value, item.metadata):
+                problems.append(f"{where}: {problem}")
+            elif item.name in nested:
+                _collect_problems(field_value, where, problems)
+        rules = getattr(value, "config_problems", None)
+        if callable(rules):
+            problems.extend(f"{path}: {problem}" if path else problem for problem in rules())
+    elif isinstance(value, tuple | list):
+        for index, item in enumerate(value):
+            _collect_problems(item, f"{path}[{index}]", problems)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _collect_problems(item, f"{path}.{key}", problems)
+
+
+def _bounds_problem(value: object, meta: Mapping[str, Any]) -> str | None:
+    """The builder's bound checks (:meth:`_Builder.bounded`), for a value built in code."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a number, not {value!r}"
+    low, high = meta.get("min"), meta.get("max")
+    if low is not None and value < low:
+        return f"must be at least {low}, not {value}"
+    if high is not None and value > high:
+        return f"must be at most {high}, not {value}"
+    return None
+
+
+@functools.cache
+def _nested_fields(cls: type) -> frozenset[str]:
+    """The fields of ``cls`` that may hold dataclasses, the only ones worth walking into (a
+    dispatch table's 65,536 buckets of strings are not)."""
+    hints = typing.get_type_hints(cls)
+    return frozenset(item.name for item in dataclasses.fields(cls) if not _plain(hints[item.name]))
+
+
+def _plain(hint: Any) -> bool:
+    """Whether ``hint`` holds only values without fields of their own (numbers, strings,
+    secrets, enums, literals, and tuples, mappings and unions of them)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return True
+    args = typing.get_args(hint)
+    if args:
+        return all(arg is Ellipsis or _plain(arg) for arg in args)
+    if hint in (str, int, float, bool, type(None), Secret):
+        return True
+    return isinstance(hint, type) and issubclass(hint, enum.Enum)
+
+
 # -- building ---------------------------------------------------------------------------------
 
 
@@ -177,6 +358,9 @@ class _Builder:
             if len(options) == 1:
                 return self.build(options[0], node, path, meta)
             return self.tagged(options, node, path)
+        plugins = _family_plugins(hint)
+        if plugins is not None:
+            return self.tagged(plugins, node, path)
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
             return self.dataclass(hint, node, path)
         if origin is tuple:
@@ -330,7 +514,7 @@ class _Builder:
             if self.scalar(key_node) == "type" and isinstance(value_node, yaml.ScalarNode):
                 type_value = self.scalar(value_node)
         if type_value not in by_type:
-            allowed = ", ".join(sorted(str(name) for name in by_type))
+            allowed = ", ".join(sorted(str(name) for name in by_type)) or "(none registered)"
             self.fail(
                 node,
                 f"{path}.type" if path else "type",
@@ -491,6 +675,9 @@ def reference(schema: type, *, title: str | None = None) -> str:
 
 
 def _dataclasses_in(hint: Any) -> list[type]:
+    plugins = _family_plugins(hint)
+    if plugins is not None:
+        return plugins
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         return [hint]
     found: list[type] = []
@@ -505,6 +692,9 @@ def _type_text(hint: Any) -> str:
         return " or ".join(_type_text(arg) for arg in args if arg is not type(None)) + (
             " or null" if type(None) in args else ""
         )
+    plugins = _family_plugins(hint)
+    if plugins is not None:
+        return " or ".join(_type_text(plugin) for plugin in plugins)
     if origin is tuple:
         return f"list of {_type_text(args[0])}"
     if origin in (Mapping, dict):
@@ -570,6 +760,9 @@ def _schema_of(hint: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
         if len(options) < len(args):
             return {"anyOf": [inner, {"type": "null"}]}
         return inner
+    plugins = _family_plugins(hint)
+    if plugins is not None:
+        return {"oneOf": [_tagged_schema(plugin) for plugin in plugins]}
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         return _dataclass_schema(hint)
     if origin is tuple:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from dnslb.config import checked, setting
 from dnslb.errors import ProtocolError
 from dnslb.jhash import nft_bucket
 from dnslb.plan import show
@@ -58,34 +59,22 @@ Bucket = tuple[str, str | None]
 
 @dataclass(frozen=True, slots=True)
 class BucketTable:
-    """One version of a cluster's dispatch table; construct through :func:`build_table`.
+    """One version of a cluster's dispatch table; :func:`build_table` and :func:`failover` make
+    valid ones, :func:`parse_table` checks one that comes from outside.
 
     ``buckets[i]`` is ``(active, backup)`` for bucket ``i``; ``backup`` is None only when the
-    table has a single node. The constructor checks every invariant and raises ``ValueError``.
+    table has a single node. Built in code otherwise, a table is checked with
+    :func:`~dnslb.config.checked` (``config_problems`` states the invariants).
     """
 
-    cluster: str
-    version: int
-    seed: int
-    buckets: tuple[Bucket, ...]
+    cluster: str = setting(help="the cluster's name")
+    version: int = setting(help="increases with every table of the cluster", min=0, max=MAX_VERSION)
+    seed: int = setting(help="the jhash seed", min=0, max=MAX_SEED)
+    buckets: tuple[Bucket, ...] = setting(help="(active, backup) node ids, per bucket")
 
-    def __post_init__(self) -> None:
-        problems = _table_problems(self.cluster, self.version, self.seed, self.buckets)
-        if problems:
-            raise ValueError("invalid bucket table: " + "; ".join(problems))
-
-    @classmethod
-    def _checked_already(
-        cls, cluster: str, version: int, seed: int, buckets: tuple[Bucket, ...]
-    ) -> BucketTable:
-        # parse_table has just run the same checks (to word them as a ProtocolError); a node
-        # agent parses every push, and checking 4,096 buckets twice costs milliseconds.
-        table = object.__new__(cls)
-        object.__setattr__(table, "cluster", cluster)
-        object.__setattr__(table, "version", version)
-        object.__setattr__(table, "seed", seed)
-        object.__setattr__(table, "buckets", buckets)
-        return table
+    def config_problems(self) -> list[str]:
+        problems = [f"cluster: {problem}"] if (problem := id_problem(self.cluster)) else []
+        return problems + _buckets_problems(self.buckets)
 
     @property
     def bucket_count(self) -> int:
@@ -119,6 +108,7 @@ class BucketTable:
 
 
 def _table_problems(cluster: object, version: object, seed: object, buckets: object) -> list[str]:
+    """Every problem of a table's parts as a peer sent them (any JSON value in each)."""
     problems: list[str] = []
     if problem := id_problem(cluster):
         problems.append(f"cluster: {problem}")
@@ -126,6 +116,13 @@ def _table_problems(cluster: object, version: object, seed: object, buckets: obj
         problems.append(f"version: must be an integer from 0 to 2^63-1, not {show(version)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         problems.append(f"seed: must be an integer from 0 to 2^32-1, not {show(seed)}")
+    return problems + _buckets_problems(buckets, room=20 - len(problems))
+
+
+def _buckets_problems(buckets: object, room: int = 20) -> list[str]:
+    """The problems of a table's buckets: at most ``room`` of them, then one saying there are
+    more (a hostile table may have 65,536 bad buckets)."""
+    problems: list[str] = []
     if not isinstance(buckets, Sequence) or isinstance(buckets, str | bytes):
         problems.append("buckets: must be a list of [active, backup] pairs")
         return problems
@@ -145,7 +142,7 @@ def _table_problems(cluster: object, version: object, seed: object, buckets: obj
 
     null_backup = False
     for index, pair in enumerate(buckets):
-        if len(problems) >= 20:
+        if len(problems) >= room:
             problems.append("buckets: more problems not shown")
             break
         if not isinstance(pair, Sequence) or isinstance(pair, str | bytes) or len(pair) != 2:
@@ -319,12 +316,8 @@ def build_table(
     old_backups = [b for _, b in previous.buckets] if previous is not None and compatible else None
     actives = _assign_actives(weights, bucket_count, old_actives)
     backups = _assign_backups(actives, weights, old_backups)
-    return BucketTable(
-        cluster=cluster,
-        version=version,
-        seed=seed,
-        buckets=tuple(zip(actives, backups, strict=True)),
-    )
+    table = BucketTable(cluster, version, seed, tuple(zip(actives, backups, strict=True)))
+    return checked(table, "bucket table")
 
 
 def failover(
@@ -353,12 +346,10 @@ def failover(
         actives.append(chosen)
     old_backups = [backup for _, backup in table.buckets]
     backups = _assign_backups(actives, alive, old_backups)
-    return BucketTable(
-        cluster=table.cluster,
-        version=version,
-        seed=table.seed,
-        buckets=tuple(zip(actives, backups, strict=True)),
+    after = BucketTable(
+        table.cluster, version, table.seed, tuple(zip(actives, backups, strict=True))
     )
+    return checked(after, "bucket table")
 
 
 def moved_buckets(old: BucketTable, new: BucketTable) -> list[int]:
@@ -406,7 +397,7 @@ def parse_table(document: object) -> BucketTable:
     if problems:
         raise ProtocolError("invalid dispatch table: " + "; ".join(problems))
     pairs = tuple((active, backup) for active, backup in buckets)
-    return BucketTable._checked_already(cluster, version, seed, pairs)
+    return BucketTable(cluster, version, seed, pairs)
 
 
 def parse_table_json(data: bytes | str) -> BucketTable:

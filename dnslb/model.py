@@ -9,7 +9,8 @@ A server's *lifecycle* (DESIGN section 5)::
 
 plus the operator's ``disabled``, which keeps a server out of answers whatever its health. Being
 *paused* (above ``th_over``) is not a lifecycle state: it is the policy's verdict on an active
-server, recomputed every tick. Every transition is an :class:`Event` with its reason.
+server, recomputed every tick. Every transition is an :class:`Event` of kind ``state`` with the
+state it left, the state it entered and its reason, each a field of its own.
 """
 
 from __future__ import annotations
@@ -35,11 +36,26 @@ class ServerState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """Something that happened, and why."""
+    """Something that happened, and why.
+
+    A server's state change (kind ``state``) names the state it left (``from_state``) and the
+    one it entered (``to_state``); ``reason`` is only why. Other kinds have neither.
+    """
 
     time: float  # unix seconds
     kind: str  # e.g. "state", "paused", "resumed", "scale_out", "report_rejected"
     reason: str
     pool: str | None = None
     server: str | None = None
+    from_state: ServerState | None = None
+    to_state: ServerState | None = None
     id: int | None = None  # assigned when stored
+
+    @property
+    def summary(self) -> str:
+        """The reason, after the change it explains: ``warming -> active: reporting``."""
+        if self.from_state is None and self.to_state is None:
+            return self.reason
+        before = self.from_state.value if self.from_state is not None else "?"
+        after = self.to_state.value if self.to_state is not None else "?"
+        return f"{before} -> {after}: {self.reason}"

@@ -1,9 +1,18 @@
 """Where plans are published and read: a small base class, its implementations (a file on one
-host, Redis for several), and :func:`open_store` to pick one from a location string.
+host, Redis for several), and :func:`open_store` to pick one from a location string, by its
+URL scheme (:data:`STORES`).
 
 The manager calls :meth:`PlanStore.publish`; every pipe backend polls :meth:`PlanStore.stamp`
 (cheap: a ``stat`` of a file, or one small key) and calls :meth:`PlanStore.read` only when the
 stamp changed. Publishing is atomic: a reader sees the old plan or the new one, never a mix.
+
+The way back, from the pipe backends to the manager, is their answer counts: each writes its
+statistics document to the store (:meth:`PlanStore.write_stats`: a file in the directory
+``.NAME.stats`` beside a plan file ``NAME``, or a field of the hash ``KEY:stats`` beside a Redis
+key) and the manager sums them (:meth:`PlanStore.read_stats`). The manager opens that channel
+(:meth:`PlanStore.open_stats`, creating the directory); a pipe backend never creates it, so that
+one serving a plan written by hand leaves nothing beside it. A pipe backend's own files (its
+last good plan) go to its state directory (:func:`last_good_store`), never beside the plan.
 
 What a store holds is read as hostile input: reading never hangs and never takes more memory
 than its limit. A plan is at most ``max_plan_bytes`` (:data:`MAX_PLAN_BYTES` by default, the
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
 import os
@@ -28,7 +38,8 @@ import stat
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +89,14 @@ class PlanStore(ABC):
     def read(self) -> Plan:
         """The current plan; raises :class:`~dnslb.errors.PlanError` or ``OSError``."""
 
+    def open_stats(self) -> None:  # noqa: B027 - an optional hook: Redis needs nothing
+        """Make the store ready for :meth:`write_stats` (the manager, their reader, calls it).
+        Raises ``OSError``."""
+
     @abstractmethod
     def write_stats(self, name: str, document: dict[str, Any]) -> None:
-        """Publish a reader's statistics (the answers a pipe backend gave) under ``name``."""
+        """Publish a reader's statistics (the answers a pipe backend gave) under ``name``;
+        nothing when no reader opened the channel (:meth:`open_stats`). Raises ``OSError``."""
 
     @abstractmethod
     def read_stats(self, max_age: float = 86400.0) -> list[dict[str, Any]]:
@@ -133,10 +149,16 @@ class FilePlanStore(PlanStore):
 
     @property
     def stats_dir(self) -> Path:
+        """Where pipe backends write their answer counts: ``.NAME.stats/`` beside the plan.
+        PowerDNS's user must be able to write in it (the plan's directory need not be)."""
         return self.path.with_name(f".{self.path.name}.stats")
 
-    def write_stats(self, name: str, document: dict[str, Any]) -> None:
+    def open_stats(self) -> None:
         self.stats_dir.mkdir(exist_ok=True)
+
+    def write_stats(self, name: str, document: dict[str, Any]) -> None:
+        if not self.stats_dir.is_dir():
+            return  # no manager reads this plan (written by hand): leave nothing beside it
         text = json.dumps(document, separators=(",", ":")).encode("utf-8")
         _write_file(self.stats_dir / f"{name}.json", text, durable=False)
 
@@ -371,38 +393,67 @@ class RedisPlanStore(PlanStore):
         return documents
 
 
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """What :func:`open_store` passes to every store's opener besides the location."""
+
+    password: str | None = None
+    max_plan_bytes: int = MAX_PLAN_BYTES
+
+
+def _open_file(location: str, options: StoreOptions) -> PlanStore:
+    return FilePlanStore(location.removeprefix("file://"), max_plan_bytes=options.max_plan_bytes)
+
+
+def _open_redis(location: str, options: StoreOptions) -> PlanStore:
+    try:
+        address = RedisAddress.parse(
+            location, password=options.password or os.environ.get("DNSLB_REDIS_PASSWORD")
+        )
+    except ValueError as exc:
+        raise ConfigError("plan location", [str(exc)]) from None
+    return RedisPlanStore(address, max_plan_bytes=options.max_plan_bytes)
+
+
+STORES: dict[str, Callable[[str, StoreOptions], PlanStore]] = {
+    "file": _open_file,
+    "redis": _open_redis,
+}
+"""The registry of plan stores: the opener of each URL scheme, given the whole location (a
+location without a scheme is a file path). A new store is its class and one line here."""
+
+
 def open_store(
     location: str, *, password: str | None = None, max_plan_bytes: int = MAX_PLAN_BYTES
 ) -> PlanStore:
-    """The store at ``location``: a file path, a ``file://`` URL, or a ``redis://`` URL (the
-    password from ``password``, or from the environment variable ``DNSLB_REDIS_PASSWORD``)."""
-    if location.startswith("file://"):
-        return FilePlanStore(location.removeprefix("file://"), max_plan_bytes=max_plan_bytes)
-    if location.startswith("redis://"):
-        try:
-            address = RedisAddress.parse(
-                location, password=password or os.environ.get("DNSLB_REDIS_PASSWORD")
-            )
-        except ValueError as exc:
-            raise ConfigError("plan location", [str(exc)]) from None
-        return RedisPlanStore(address, max_plan_bytes=max_plan_bytes)
-    if "://" in location:
-        scheme = location.split("://", 1)[0]
+    """The store at ``location``: a file path, or a URL whose scheme :data:`STORES` names
+    (``file://``, or ``redis://`` with the password from ``password`` or from the environment
+    variable ``DNSLB_REDIS_PASSWORD``); :class:`ConfigError` for another scheme, with the known
+    ones (and never the location's password)."""
+    options = StoreOptions(password=password, max_plan_bytes=max_plan_bytes)
+    scheme, is_url, _ = location.partition("://")
+    if not is_url:
+        return _open_file(location, options)
+    opener = STORES.get(scheme)
+    if opener is None:
+        known = ", ".join(sorted(STORES))
         raise ConfigError(
-            "plan location", [f"{redact_url(location)}: unsupported plan store {scheme!r}"]
+            "plan location",
+            [f"{redact_url(location)}: unsupported plan store {scheme!r} (known: {known})"],
         )
-    return FilePlanStore(location, max_plan_bytes=max_plan_bytes)
+    return opener(location, options)
 
 
-def last_good_store(store: PlanStore) -> PlanStore | None:
-    """Where a reader of ``store`` keeps its last good plan: beside a plan file, else nowhere.
+def last_good_store(store: PlanStore, state_dir: str | os.PathLike[str]) -> FilePlanStore:
+    """Where a reader of ``store`` keeps its last good plan: a file in ``state_dir`` named after
+    the store's location (``last-good-`` and 16 hex digits of its SHA-256), so that every pipe
+    backend of one plan shares it and pipe backends of different plans never do.
 
-    A pipe backend that PowerDNS starts while the plan is unreadable (hand-edited, half-written)
-    serves this copy instead of nothing.
+    A pipe backend that PowerDNS starts while the plan is unreadable (hand-edited, half-written,
+    Redis down) serves this copy instead of nothing.
     """
-    if isinstance(store, FilePlanStore):
-        return FilePlanStore(
-            store.path.with_name(f".{store.path.name}.last-good"),
-            max_plan_bytes=store.max_plan_bytes,
-        )
-    return None
+    where = str(store.path.resolve()) if isinstance(store, FilePlanStore) else store.describe()
+    digest = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return FilePlanStore(
+        Path(state_dir) / f"last-good-{digest}.json", max_plan_bytes=store.max_plan_bytes
+    )

@@ -50,6 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from dnslb.errors import DnslbError
+
 Reply = bytes | int | list["Reply"] | None
 
 BACKOFF_MIN = 0.1
@@ -62,8 +64,11 @@ _INTEGER = re.compile(rb"-?[0-9]{1,19}")  # a RESP integer or size: no sign, spa
 _INT64 = 2**63
 
 
-class RedisError(OSError):
-    """Redis answered with an error (or something this client does not understand)."""
+class RedisError(OSError, DnslbError):
+    """Redis answered with an error (or something this client does not understand).
+
+    An ``OSError`` too: a plan store's readers catch ``OSError`` for any store unreachable.
+    """
 
 
 class RedisProtocolError(RedisError):
@@ -474,6 +479,19 @@ class RedisConnection:
                 value = items
             else:
                 return value, error
+
+
+def redis_answers(address: RedisAddress, timeout: float = 0.5) -> bool:
+    """True when a Redis server at ``address`` answers ``PING`` now (a readiness check: one
+    fresh connection, no back-off, closed after)."""
+    connection = RedisConnection(address, timeout, backoff_min=0, backoff_max=0)
+    try:
+        connection.command("PING")
+    except OSError:
+        return False
+    finally:
+        connection.close()
+    return True
 
 
 def _encode(commands: Sequence[Sequence[str | bytes]]) -> bytes:

@@ -7,10 +7,10 @@ simulations does not need it loaded.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from evaluation.columns import Series
+from evaluation.percentile import percentile
 
 MAX_LINES = 24
 """Above this many servers, utilization is drawn as percentile bands instead of lines."""
@@ -85,14 +85,10 @@ def _bands(axes: object, series: Series) -> None:
         for time, value in points:
             by_time.setdefault(time, []).append(value)
     times = sorted(by_time)
-    rows = [sorted(by_time[time]) for time in times]
-
-    def quantile(values: list[float], fraction: float) -> float:
-        return values[min(len(values) - 1, math.floor(fraction * len(values)))]
-
+    rows = [by_time[time] for time in times]
     for fraction, label in ((0.5, "median"), (0.9, "p90"), (1.0, "busiest")):
         axes.plot(  # type: ignore[attr-defined]
-            times, [quantile(row, fraction) for row in rows], lw=0.7, label=label
+            times, [percentile(row, fraction) for row in rows], lw=0.7, label=label
         )
     axes.plot(  # type: ignore[attr-defined]
         times, [sum(row) / len(row) for row in rows], lw=1.0, color="black", label="mean"

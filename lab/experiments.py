@@ -17,7 +17,6 @@ load test and report are kept) one after the other, so cases never share CPU tim
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
@@ -27,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dnslb.config import checked, default_of, setting
 from dnslb.errors import ConfigError, DnslbError
-from dnslb.policy import PoolPolicy
 from evaluation.columns import CaseResult, markdown_table, table
 from lab.loadtest.run import LoadTest, run_loadtest
 from lab.loadtest.shape import StepLoad
 from lab.report import load_run, write_report
-from lab.runner import Lab, default_workdir
-from lab.settings import LabSettings, default_scaling
+from lab.runner import Lab
+from lab.settings import LabSettings
 
 ALL_ADDRESSES = 16  # k above any lab pool's size: every eligible address in every answer
 NEVER = 1000.0  # th_over no utilization reaches: pausing off
@@ -108,22 +107,17 @@ def read_results(directory: Path) -> dict[str, CaseResult]:
         raise ConfigError("experiments", [f"{directory}/results.json: {exc}"]) from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExperimentPlan:
-    """How every case is run."""
+    """How every case is run: each in a lab of ``lab``'s settings (its ports, servers, boot
+    delay), in a directory of its own under ``out`` (``lab.workdir`` is not used)."""
 
-    out: Path
-    case_duration: float = 240.0
-    peak_users: int = 105
-    think_time: float = 1.0
-    ignore_ttl: float = 0.1
-    max_servers: int = 4
-    boot_delay: float = 10.0
-    dns_port: int = 5300
-    api_port: int = 8700
-    http_port: int = 8080
-    origin_port: int = 8000
-    network: str = "127.0.1"
+    out: Path = setting(help="results directory: a directory a case, results.txt/md/json")
+    lab: LabSettings = setting(default_factory=LabSettings, help="every case's lab")
+    case_duration: float = setting(
+        240.0, help="seconds of load per case (eight steps of at least a second)", min=8
+    )
+    peak_users: int = setting(105, help="users at the peak", min=1)
 
     @property
     def load(self) -> StepLoad:
@@ -136,32 +130,21 @@ class ExperimentPlan:
 def run_case(case: Case, plan: ExperimentPlan) -> CaseResult:
     """Run one case in a fresh lab; its files stay in ``plan.out / case.key``."""
     directory = plan.out / case.key
-    policy = dataclasses.replace(PoolPolicy(), **case.policy)
-    settings = LabSettings(
+    settings = dataclasses.replace(
+        plan.lab,
         workdir=directory / "lab",
-        dns_port=plan.dns_port,
-        api_port=plan.api_port,
-        http_port=plan.http_port,
-        origin_port=plan.origin_port,
-        network=plan.network,
-        boot_delay=plan.boot_delay,
-        policy=policy,
-        scaling=dataclasses.replace(
-            default_scaling(), max_servers=plan.max_servers, boot_time=plan.boot_delay
-        ),
+        policy=dataclasses.replace(plan.lab.policy, **case.policy),
     )
     lab = Lab(settings, say=lambda text: None)
     try:
         lab.start()
         test = LoadTest(
-            dns_server=f"127.0.0.1:{plan.dns_port}",
+            out=directory / "loadtest",
+            dns_server=f"127.0.0.1:{settings.dns_port}",
             lb_name=settings.dns_name,
-            http_port=plan.http_port,
+            http_port=settings.http_port,
             objects=settings.objects.count,
             load=plan.load,
-            out=directory / "loadtest",
-            think_time=plan.think_time,
-            ignore_ttl=plan.ignore_ttl,
             seed=1,
             progress=0,
         )
@@ -173,39 +156,36 @@ def run_case(case: Case, plan: ExperimentPlan) -> CaseResult:
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    """``dnslb experiments``."""
-    if args.show:
-        print(results_table(read_results(Path(args.show))))
-        return 0
-    wanted = set(args.tables.split(",")) if args.tables else set(TABLES)
+def select_cases(tables: str | None = None, pattern: str | None = None) -> list[Case]:
+    """The cases of ``tables`` (``"1,3"``; None: all) whose key matches ``pattern`` (a regex);
+    :class:`ConfigError` for a table that does not exist or when no case is left."""
+    wanted = set(tables.split(",")) if tables else set(TABLES)
     unknown = wanted - set(TABLES)
     if unknown:
-        raise ConfigError("experiments", [f"--tables: no table {', '.join(sorted(unknown))}"])
+        raise ConfigError("experiments", [f"tables: no table {', '.join(sorted(unknown))}"])
     cases = [case for case in CASES if wanted & set(case.tables)]
-    if args.cases:
-        pattern = re.compile(args.cases)
-        cases = [case for case in cases if pattern.search(case.key)]
+    if pattern:
+        try:
+            search = re.compile(pattern).search
+        except re.error as exc:
+            raise ConfigError("experiments", [f"cases: not a regex: {exc}"]) from None
+        cases = [case for case in cases if search(case.key)]
     if not cases:
         raise ConfigError("experiments", ["no case selected"])
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else default_workdir().parent / "experiments" / stamp
-    plan = ExperimentPlan(
-        out=out.resolve(),
-        case_duration=args.case_duration,
-        peak_users=args.peak_users,
-        max_servers=args.max_servers,
-        boot_delay=args.boot_delay,
-        dns_port=args.dns_port,
-        api_port=args.api_port,
-        http_port=args.http_port,
-        origin_port=args.origin_port,
-    )
+    return cases
+
+
+def run_experiments(plan: ExperimentPlan, cases: list[Case]) -> int:
+    """Run ``cases`` one after the other, printing progress, then one table of their results
+    (also written to ``plan.out``: results.txt, results.md, results.json); the exit status:
+    1 when a case failed (the others still ran)."""
+    checked(plan, "experiments")
+    out = plan.out
     load = plan.load
     print(
         f"dnslb experiments: {len(cases)} cases of {plan.case_duration:g} s each "
         f"({load.start} users, +{load.step} every {load.every:g} s up to {load.peak}); "
-        f"1-{plan.max_servers} servers; results in {out}",
+        f"1-{plan.lab.scaling.max_servers} servers; results in {out}",
         flush=True,
     )
     started = time.monotonic()
@@ -240,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "elapsed_seconds": elapsed,
-                "plan": {k: str(v) for k, v in dataclasses.asdict(plan).items()},
+                "plan": _plan_document(plan),
                 "command": sys.argv,
                 "cases": {key: result.as_dict() for key, result in results.items()},
             },
@@ -249,3 +229,22 @@ def main(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 1 if failed else 0
+
+
+def _plan_document(plan: ExperimentPlan) -> dict[str, str]:
+    """What results.json says of the plan (as strings, as it always has)."""
+    lab = plan.lab
+    return {
+        "out": str(plan.out),
+        "case_duration": str(plan.case_duration),
+        "peak_users": str(plan.peak_users),
+        "think_time": str(default_of(LoadTest, "think_time")),
+        "ignore_ttl": str(default_of(LoadTest, "ignore_ttl")),
+        "max_servers": str(lab.scaling.max_servers),
+        "boot_delay": str(lab.boot_delay),
+        "dns_port": str(lab.dns_port),
+        "api_port": str(lab.api_port),
+        "http_port": str(lab.http_port),
+        "origin_port": str(lab.origin_port),
+        "network": lab.network,
+    }

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any
 
+from dnslb.config import checked, setting
 from dnslb.errors import ProcessError
 from lab.objects import ObjectCatalog
 
@@ -96,9 +98,22 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # one line per request would fill the disk under load
 
 
-def serve(address: str, port: int, catalog: ObjectCatalog, max_age: int) -> int:
-    """Serve until SIGTERM or SIGINT; returns the exit status."""
-    server = OriginServer(address, port, catalog, max_age)
+@dataclass(frozen=True, slots=True)
+class OriginSettings:
+    """Where the origin listens and what it serves."""
+
+    address: str = setting("127.0.0.1", help="listen address")
+    port: int = setting(8000, help="listen port", min=1, max=65535)
+    objects: ObjectCatalog = setting(default_factory=ObjectCatalog, help="the objects it serves")
+    max_age: int = setting(600, help="Cache-Control max-age of every object, seconds", min=0)
+
+
+def serve(settings: OriginSettings) -> int:
+    """Serve until SIGTERM or SIGINT; returns the exit status (:class:`ConfigError` when
+    ``settings`` are invalid)."""
+    checked(settings, "origin")
+    address, port, catalog = settings.address, settings.port, settings.objects
+    server = OriginServer(address, port, catalog, settings.max_age)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         # shutdown() waits for serve_forever to return: from another thread, not this handler.

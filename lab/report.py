@@ -5,8 +5,9 @@ window (from its start to its end):
 
 - **requests** (every HTTP response and DNS answer the users got): ``requests.csv`` of the load
   test (:mod:`lab.records`); users over time from locust's ``locust_stats_history.csv``;
-- **servers and cost**: the manager's state database (``state.db``: its ``servers`` and
-  ``events`` tables, read with SQL; schema 1): a server costs from its launch to its
+- **servers, their states and cost**: the manager's events and servers as its REST API gave them
+  while the lab ran (:mod:`lab.history`: ``events.jsonl``, ``servers.jsonl``; never its database):
+  a server's states are its events' ``to_state``, and it costs from its launch to its
   termination, clipped to the window (server-seconds);
 - **per-server utilization, weights and TTLs**: the lab's samples of the published plan
   (``plan-samples.jsonl``, one a second).
@@ -24,16 +25,12 @@ It writes ``report.html`` (tables and PNG plots), ``summary.csv`` (one row: the 
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import csv
 import dataclasses
 import html
 import itertools
 import json
 import math
-import re
-import sqlite3
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dnslb.errors import ConfigError
+from dnslb.model import Event, ServerState
 from evaluation.columns import (
     COLUMNS,
     CaseResult,
@@ -48,13 +46,13 @@ from evaluation.columns import (
     Series,
     busiest_over_mean,
     paper_columns,
-    table,
 )
+from lab.history import EVENTS_FILE, SERVERS_FILE, read_events, read_servers
 from lab.records import Record, read_records
-from lab.runner import SAMPLES_FILE, LabInfo, default_workdir, read_lab_info
+from lab.runner import SAMPLES_FILE, LabInfo, read_lab_info
 
 BALANCE_WINDOW = 10.0  # seconds: as the simulator's default balance_window
-_TRANSITION = re.compile(r"^(\w+) -> (\w+):")
+RUN_NAME = "lab run"  # a run's name in tables, unless given one
 BOOTING = ("launching", "warming")
 LIVE = ("launching", "warming", "active", "down", "draining", "disabled")
 
@@ -91,7 +89,7 @@ class LabRun:
     end: float
     records: tuple[Record, ...]
     servers: tuple[ServerSpan, ...]
-    events: tuple[tuple[float, str, str, str], ...]  # (time, kind, server, reason)
+    events: tuple[tuple[float, str, str, str], ...]  # (time, kind, server, summary)
     samples: tuple[dict[str, Any], ...]
     users: tuple[tuple[float, int], ...]  # (time, users)
 
@@ -115,11 +113,13 @@ def load_run(lab_dir: Path, loadtest_dir: Path) -> LabRun:
         end = max((r.start + r.seconds for r in records), default=start)
     end = float(end)
     window = tuple(r for r in records if start <= r.start <= end)
-    db_path = lab_dir / "state.db"
-    if not db_path.exists():
-        raise ConfigError("report", [f"{db_path}: missing: no manager ran in {lab_dir}"])
+    events_path = lab_dir / EVENTS_FILE
+    if not events_path.exists():
+        raise ConfigError(
+            "report", [f"{events_path}: missing: no manager's events were kept in {lab_dir}"]
+        )
     pool = info.dns_name.split(".", 1)[0]
-    servers, events = _read_state(db_path, pool, start, end, window)
+    servers, events = _read_history(lab_dir, pool, start, end, window)
     samples = _read_samples(lab_dir / SAMPLES_FILE, start, end)
     users = _read_users(loadtest_dir / "locust_stats_history.csv", start, end)
     return LabRun(
@@ -135,54 +135,58 @@ def load_run(lab_dir: Path, loadtest_dir: Path) -> LabRun:
     )
 
 
-def _read_state(
-    path: Path, pool: str, start: float, end: float, records: Sequence[Record]
+def _read_history(
+    lab_dir: Path, pool: str, start: float, end: float, records: Sequence[Record]
 ) -> tuple[tuple[ServerSpan, ...], tuple[tuple[float, str, str, str], ...]]:
-    # Read-only: the manager may still be running and writing.
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-        rows = db.execute(
-            "SELECT id, address, created_at, terminated_at FROM servers WHERE pool = ? "
-            "ORDER BY created_at, id",
-            (pool,),
-        ).fetchall()
-        event_rows = db.execute(
-            "SELECT time, kind, COALESCE(server, ''), reason FROM events "
-            "WHERE pool = ? OR pool IS NULL ORDER BY id",
-            (pool,),
-        ).fetchall()
+    """The pool's servers and events in the window, from what the lab kept of the API's."""
+    events = [
+        event
+        for event in read_events(lab_dir / EVENTS_FILE)
+        if event.pool == pool or event.pool is None
+    ]
+    seen = {server.id: server for server in read_servers(lab_dir / SERVERS_FILE)}
+    first: dict[str, float] = {}
+    terminated: dict[str, float] = {}
     transitions: dict[str, list[tuple[float, str]]] = defaultdict(list)
-    for when, kind, server, reason in event_rows:
-        if kind == "state":
-            match = _TRANSITION.match(reason)
-            if match:
-                transitions[server].append((float(when), match.group(2)))
+    for event in events:
+        if event.server is None or event.kind not in ("server_added", "state"):
+            continue
+        first.setdefault(event.server, event.time)
+        if event.kind == "state" and event.to_state is not None:
+            transitions[event.server].append((event.time, event.to_state.value))
+            if event.to_state is ServerState.TERMINATED:
+                terminated[event.server] = event.time
     served = Counter(r.address for r in records if not r.is_dns and r.ok)
+    ids = {server_id for server_id, known in seen.items() if known.pool == pool} | set(first)
     servers = []
-    for server_id, address, created, terminated in rows:
-        life_end = min(end, terminated) if terminated is not None else end
-        cost = max(0.0, life_end - max(start, created))
-        if terminated is not None and terminated < start:
+    for server_id in ids:
+        known = seen.get(server_id)
+        created = known.created_at if known is not None else first[server_id]
+        address = known.address if known is not None else ""
+        gone = terminated.get(server_id)
+        if gone is not None and gone < start:
             continue  # gone before the window
         if created > end:
             continue
-        states = ((float(created), "launching"), *transitions.get(server_id, []))
+        life_end = min(end, gone) if gone is not None else end
         servers.append(
             ServerSpan(
                 id=server_id,
                 address=address,
-                created_at=float(created),
-                terminated_at=float(terminated) if terminated is not None else None,
-                states=states,
-                cost=cost,
-                served=served.get(address, 0),
+                created_at=created,
+                terminated_at=gone,
+                states=((created, "launching"), *transitions.get(server_id, [])),
+                cost=max(0.0, life_end - max(start, created)),
+                served=served.get(address, 0) if address else 0,
             )
         )
-    events = tuple(
-        (float(when), kind, server, reason)
-        for when, kind, server, reason in event_rows
-        if start <= when <= end
-    )
-    return tuple(servers), events
+    servers.sort(key=lambda span: (span.created_at, span.id))
+    return tuple(servers), tuple(_row(event) for event in events if start <= event.time <= end)
+
+
+def _row(event: Event) -> tuple[float, str, str, str]:
+    """An event as the report's table shows it: a state change with its states."""
+    return (event.time, event.kind, event.server or "", event.summary)
 
 
 def _read_samples(path: Path, start: float, end: float) -> tuple[dict[str, Any], ...]:
@@ -363,7 +367,7 @@ def _cell(result: CaseResult, attr: str, fmt: str) -> str:
     return str(fmt.format(value))
 
 
-def write_report(run: LabRun, out: Path, *, name: str = "lab run") -> LabResult:
+def write_report(run: LabRun, out: Path, *, name: str = RUN_NAME) -> LabResult:
     """Write the report of ``run`` into ``out``; returns its figures."""
     from evaluation.plots import write_plots  # noqa: PLC0415 (matplotlib: only here)
 
@@ -487,15 +491,3 @@ def newest_loadtest(lab_dir: Path) -> Path:
             "report", [f"{lab_dir}/loadtest: no load test there; give --loadtest DIR"]
         )
     return runs[-1]
-
-
-def main(args: argparse.Namespace) -> int:
-    """``dnslb report``."""
-    lab_dir = Path(args.lab) if args.lab else default_workdir()
-    loadtest_dir = Path(args.loadtest) if args.loadtest else newest_loadtest(lab_dir)
-    out = Path(args.out) if args.out else loadtest_dir / "report"
-    run = load_run(lab_dir, loadtest_dir)
-    result = write_report(run, out, name=args.name)
-    print(table([result]))
-    print(f"\nreport: {out / 'report.html'} (summary.csv, timeseries.csv, PNG plots beside it)")
-    return 0

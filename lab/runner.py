@@ -5,7 +5,8 @@ naming the lab's directory on its command line, waits until each one answers, an
 all: PowerDNS, then the manager (which stops the nginx cache servers and agents it launched),
 then the origin, then anything else that still names the lab's directory (a cache server left
 by a manager that was killed). While it runs, a thread samples the published plan every second
-into ``plan-samples.jsonl`` for the report.
+into ``plan-samples.jsonl`` for the report, and another keeps the manager's events and servers as
+its REST API gives them (:mod:`lab.history`: ``events.jsonl``, ``servers.jsonl``).
 
 ``dnslb lab`` (:func:`run_lab`) shows progress while starting, prints where everything is, and
 runs until Ctrl-C, SIGTERM or SIGHUP; ``--once`` shows a few answers and stops. The lab's
@@ -15,7 +16,6 @@ and ``dnslb report``); a new run empties it unless ``--keep-state``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import fcntl
@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,28 +36,24 @@ from typing import IO, Any
 
 from daemons.pdns import PdnsServer, PdnsSettings
 from daemons.process import (
+    http_answers,
     kill_processes_mentioning,
     log_tail,
     port_free,
     processes_mentioning,
+    spawn,
     stop_group,
 )
-from dnslb.config import to_document
+from dnslb.config import checked, to_document
 from dnslb.errors import ConfigError, DnslbError, PlanError, ProcessError
 from dnslb.plan import MemberState, Plan, parse_plan_json
-from dnslb.policy import PoolPolicy
+from lab.history import ManagerApi, ManagerHistory
 from lab.objects import ObjectCatalog
-from lab.settings import LabSettings, default_scaling, manager_config
+from lab.settings import LabSettings, manager_config
 
 LAB_FILE = "lab.json"
 SAMPLES_FILE = "plan-samples.jsonl"
 TOKEN_FILE = "api.token"  # noqa: S105 (a file name, not a token)
-
-
-def default_workdir() -> Path:
-    """``$XDG_STATE_HOME/dnslb/lab`` (``~/.local/state/dnslb/lab``): outside any checkout."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "dnslb" / "lab"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +123,9 @@ class Lab:
         self.info: LabInfo | None = None
         self._lock: IO[str] | None = None
         self._sampler: threading.Thread | None = None
+        self._recorder: threading.Thread | None = None
         self._sampling = threading.Event()
+        self.history: ManagerHistory | None = None
         self.started_at = 0.0
 
     # -- starting -----------------------------------------------------------------------------
@@ -138,9 +135,7 @@ class Lab:
 
         With ``wait_for_server`` it returns once the first cache server is in DNS answers.
         """
-        problems = list(self.settings.problems())
-        if problems:
-            raise ConfigError("invalid options", problems)
+        checked(self.settings, "invalid settings")
         self.started_at = time.monotonic()
         try:
             self._prepare_workdir()
@@ -228,18 +223,20 @@ class Lab:
 
     def _python(self) -> list[str]:
         # -P: the lab's directory (the children's cwd) never shadows our modules.
-        return [sys.executable, "-P", "-m", "dnslb"]
+        return [sys.executable, "-P", "-m", "cli"]
 
-    def _spawn(self, command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-        with open(log_path, "ab") as log:
-            return subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=self.workdir,
-            )
+    def _spawn(
+        self, command: list[str], log_path: Path, name: str, url: str
+    ) -> subprocess.Popen[bytes]:
+        """Start a child of the lab and wait until ``url`` answers."""
+        return spawn(
+            command,
+            name=f"the {name}",
+            ready=lambda _: http_answers(url),
+            log=log_path,
+            timeout=20.0,
+            cwd=self.workdir,
+        )
 
     def _start_origin(self) -> None:
         settings = self.settings
@@ -264,17 +261,18 @@ class Lab:
                 str(self.workdir / "origin.pid"),
             ],
             self.origin_log,
+            "origin",
+            f"{settings.origin_url}/healthz",
         )
-        _wait_http(f"{settings.origin_url}/healthz", self.origin, self.origin_log, "origin")
         self._step(f"origin answers on {settings.origin_url} ({objects.count} objects)")
 
     def _start_manager(self) -> None:
         config = self.workdir / "manager.yaml"
         self.manager = self._spawn(
-            [*self._python(), "manager", "--config", str(config)], self.manager_log
-        )
-        _wait_http(
-            f"{self.settings.manager_url}/healthz", self.manager, self.manager_log, "manager"
+            [*self._python(), "manager", "--config", str(config)],
+            self.manager_log,
+            "manager",
+            f"{self.settings.manager_url}/healthz",
         )
         deadline = time.monotonic() + 15
         while not self.plan_path.exists():
@@ -373,6 +371,30 @@ class Lab:
         self._sampling.clear()
         self._sampler = threading.Thread(target=self._sample, name="plan sampler", daemon=True)
         self._sampler.start()
+        api = ManagerApi(self.settings.manager_url, self.token_path.read_text().strip())
+        self.history = ManagerHistory(api, self.workdir)
+        self._recorder = threading.Thread(
+            target=self._record, args=(self.history,), name="manager history", daemon=True
+        )
+        self._recorder.start()
+
+    def _record(self, history: ManagerHistory) -> None:
+        """Keep the manager's new events and servers every interval (a failed call: next time)."""
+        while not self._sampling.wait(self.settings.sample_interval):
+            with contextlib.suppress(ProcessError):
+                history.poll()
+
+    def _stop_sampler(self) -> None:
+        """Stop sampling; the manager still runs: keep its last events."""
+        self._sampling.set()
+        for thread in (self._sampler, self._recorder):
+            if thread is not None:
+                thread.join(5)
+        self._sampler = self._recorder = None
+        history, self.history = self.history, None
+        if history is not None and self.manager is not None and self.manager.poll() is None:
+            with contextlib.suppress(ProcessError):
+                history.poll()
 
     def _sample(self) -> None:
         """Append the pool's members, as published, to the samples file every interval."""
@@ -410,10 +432,7 @@ class Lab:
         Raises :class:`ProcessError` only if a process survives SIGKILL.
         """
         say: Callable[[str], None] = (lambda text: None) if quiet else self._step
-        self._sampling.set()
-        if self._sampler is not None:
-            self._sampler.join(5)
-            self._sampler = None
+        self._stop_sampler()
         if self.pdns is not None:
             self.pdns.stop()
             self.pdns = None
@@ -473,24 +492,6 @@ def _lab_pid(workdir: Path) -> int | None:
         return None
 
 
-def _wait_http(
-    url: str, process: subprocess.Popen[bytes], log: Path, name: str, timeout: float = 20.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ProcessError(
-                f"the {name} exited with status {process.returncode}; its log ends:\n"
-                + log_tail(log, 30)
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=1):  # noqa: S310 (our own http URL)
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise ProcessError(f"the {name} did not answer on {url}; its log ends:\n{log_tail(log, 30)}")
-
-
 def _read_plan(path: Path) -> Plan | None:
     try:
         return parse_plan_json(path.read_bytes())
@@ -501,47 +502,16 @@ def _read_plan(path: Path) -> Plan | None:
 # -- the command ------------------------------------------------------------------------------
 
 
-def settings_from_args(args: argparse.Namespace) -> LabSettings:
-    """The lab's settings from ``dnslb lab``'s options (:func:`cli.main.add_lab_arguments`).
-
-    Policy options not given keep the product's defaults; a bad combination (``--ttl-min``
-    above ``--ttl-max``) is a :class:`ConfigError` naming the options.
-    """
-    given = {
-        name: getattr(args, name)
-        for name in ("k", "ttl_max", "ttl_min", "th_over")
-        if getattr(args, name) is not None
-    }
-    policy = dataclasses.replace(PoolPolicy(), **given)
-    scaling = dataclasses.replace(
-        default_scaling(),
-        min_servers=args.min_servers,
-        max_servers=args.max_servers,
-        boot_time=args.boot_delay,
-    )
-    return LabSettings(
-        workdir=Path(args.workdir) if args.workdir else default_workdir(),
-        dns_port=args.dns_port,
-        api_port=args.api_port,
-        http_port=args.http_port,
-        origin_port=args.origin_port,
-        network=args.network,
-        boot_delay=args.boot_delay,
-        policy=policy,
-        scaling=scaling,
-    )
-
-
-def run_lab(args: argparse.Namespace) -> int:
-    """``dnslb lab``: run the lab until interrupted (or once); returns the exit status."""
-    settings = settings_from_args(args)
-    lab = Lab(settings, say=_say, keep_state=args.keep_state)
+def run_lab(settings: LabSettings, *, keep_state: bool = False, once: bool = False) -> int:
+    """``dnslb lab``: run the lab until interrupted (or, with ``once``, show a few answers and
+    stop); returns the exit status. ``keep_state``: as :class:`Lab`'s."""
+    lab = Lab(settings, say=_say, keep_state=keep_state)
     with _interrupts():
         try:
             _say(f"dnslb lab: starting in {lab.workdir}")
             lab.start()
             _show_answers(settings)
-            if args.once:
+            if once:
                 return 0
             _say(where(lab))
             while True:
@@ -619,6 +589,7 @@ def where(lab: Lab) -> str:
     lines += [
         f"  files          {work}/",
         "                 manager.yaml, manager.log, state.db, plan.json, plan-samples.jsonl,",
+        "                 events.jsonl, servers.jsonl (the manager's, through its API),",
         "                 origin.log, pdns/pdns.log, providers/<pool>/<server>/ (nginx, agent)",
         "",
         "Load it and measure it (from another terminal):",

@@ -13,23 +13,29 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
-import re
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from dnslb.config import parse_config, to_document
-from dnslb.errors import ConfigError
+from dnslb.config import default_of, setting, to_document
 from dnslb.policy import PoolPolicy
 from dnslb.scaling import ScalingPolicy
 from lab.objects import ObjectCatalog
+from lab.origin import OriginSettings
 
 LAB_ZONE = "lab.test"
 LAB_POOL = "www"
+BOOT_DELAY = 10.0
+"""Seconds a cache server of the lab takes to boot (the local provider waits that long), and so
+what the autoscaler expects a launch to take."""
+
+
+def default_workdir() -> Path:
+    """``$XDG_STATE_HOME/dnslb/lab`` (``~/.local/state/dnslb/lab``): outside any checkout."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "dnslb" / "lab"
 
 
 def default_policy() -> PoolPolicy:
@@ -46,33 +52,52 @@ def default_scaling() -> ScalingPolicy:
         th_low=0.3,
         window=10.0,
         scale_in_window=30.0,
-        boot_time=10.0,
+        boot_time=BOOT_DELAY,
         max_step=2,
     )
 
 
+_PORT = {"min": 1, "max": 65535}
+
+
 @dataclass(frozen=True, slots=True)
 class LabSettings:
-    """One lab run. Every address is on loopback; ``workdir`` holds every file it writes."""
+    """One lab run. Every address is on loopback; ``workdir`` holds every file it writes.
 
-    workdir: Path
-    dns_port: int = 5300
-    api_port: int = 8700
-    http_port: int = 8080  # every cache server listens on it, each on its own 127.0.1.x
-    origin_port: int = 8000
-    network: str = "127.0.1"
-    zone: str = LAB_ZONE
-    pool: str = LAB_POOL
-    boot_delay: float = 10.0
-    capacity_rps: float = 20.0
-    max_concurrency: int = 12
-    send_rate: int = 16384
-    send_chunk: int = 2048
-    objects: ObjectCatalog = field(default_factory=ObjectCatalog)
-    max_age: int = 600
-    policy: PoolPolicy = field(default_factory=default_policy)
-    scaling: ScalingPolicy = field(default_factory=default_scaling)
-    sample_interval: float = 1.0  # seconds between samples of the published plan
+    Validate settings built in code with :func:`dnslb.config.checked` (:meth:`Lab.start
+    <lab.runner.Lab.start>` does): bounds, and :meth:`config_problems` across fields.
+    """
+
+    workdir: Path = setting(
+        default_factory=default_workdir, help="the lab's directory, every file of a run"
+    )
+    dns_port: int = setting(5300, help="DNS port on 127.0.0.1", **_PORT)
+    api_port: int = setting(8700, help="manager: API, dashboard, metrics", **_PORT)
+    http_port: int = setting(
+        8080, help="port of every cache server (each on its own NETWORK.N)", **_PORT
+    )
+    origin_port: int = setting(
+        default_of(OriginSettings, "port"), help="origin port on 127.0.0.1", **_PORT
+    )
+    network: str = setting("127.0.1", help="cache servers' addresses NETWORK.1, .2...")
+    zone: str = setting(LAB_ZONE, help="the lab's DNS zone")
+    pool: str = setting(LAB_POOL, help="the pool, and the name clients resolve in the zone")
+    boot_delay: float = setting(BOOT_DELAY, help="seconds a cache server takes to boot", min=0.0)
+    capacity_rps: float = setting(
+        20.0, help="requests a cache server starts a second at most (above 0)", min=0
+    )
+    max_concurrency: int = setting(12, help="requests a cache server serves at once", min=1)
+    send_rate: int = setting(16384, help="bytes a second a response is sent at", min=1)
+    send_chunk: int = setting(2048, help="bytes of a paced write", min=1)
+    objects: ObjectCatalog = setting(default_factory=ObjectCatalog, help="what the origin serves")
+    max_age: int = setting(
+        default_of(OriginSettings, "max_age"), help="Cache-Control max-age of objects", min=0
+    )
+    policy: PoolPolicy = setting(default_factory=default_policy, help="the pool's policy")
+    scaling: ScalingPolicy = setting(default_factory=default_scaling, help="its autoscaling")
+    sample_interval: float = setting(
+        1.0, help="seconds between samples of the published plan and the manager's API", min=0.05
+    )
 
     @property
     def dns_name(self) -> str:
@@ -88,84 +113,41 @@ class LabSettings:
         return f"http://127.0.0.1:{self.origin_port}"
 
     @property
+    def origin(self) -> OriginSettings:
+        """The settings of the lab's origin."""
+        return OriginSettings(
+            address="127.0.0.1", port=self.origin_port, objects=self.objects, max_age=self.max_age
+        )
+
+    @property
     def mean_service_time(self) -> float:
         """Seconds a cache server spends on an average object (paced sending)."""
         return max(0.0, self.objects.mean_size - self.send_chunk) / self.send_rate
 
-    def problems(self) -> Iterator[str]:
-        """What is wrong with these settings, one line each, naming the option."""
-        ports = {
-            "--dns-port": self.dns_port,
-            "--api-port": self.api_port,
-            "--http-port": self.http_port,
-            "--origin-port": self.origin_port,
-        }
-        for option, port in ports.items():
-            if not 1 <= port <= 65535:
-                yield f"{option} {port}: must be 1 to 65535"
-        loopback = {
-            option: port
-            for option, port in ports.items()
-            if option in ("--dns-port", "--api-port", "--origin-port")
-        }
+    def config_problems(self) -> Iterator[str]:
+        """Rules across fields (bounds are the fields' own)."""
         seen: dict[int, str] = {}
-        for option, port in loopback.items():
+        for name in ("dns_port", "api_port", "origin_port"):  # all three on 127.0.0.1
+            port = getattr(self, name)
             if port in seen:
-                yield f"{option} {port}: the same port as {seen[port]} (both on 127.0.0.1)"
-            seen.setdefault(port, option)
+                yield f"{name} {port}: the same port as {seen[port]} (both on 127.0.0.1)"
+            seen.setdefault(port, name)
         try:
             first = ipaddress.IPv4Address(f"{self.network}.1")
         except ValueError:
-            yield f"--network {self.network!r}: must be three octets, like 127.0.1"
+            yield f"network {self.network!r}: must be three octets, like 127.0.1"
         else:
             if not first.is_loopback:
-                yield f"--network {self.network}: must be on loopback (127.x.y)"
+                yield f"network {self.network}: must be on loopback (127.x.y)"
             elif self.network == "127.0.0":
-                yield "--network 127.0.0: taken by the lab's own services; use 127.0.1"
-        if self.boot_delay < 0:
-            yield f"--boot-delay {self.boot_delay:g}: must be 0 or more"
+                yield "network 127.0.0: taken by the lab's own services; use 127.0.1"
         if self.capacity_rps <= 0:
-            yield f"--capacity-rps {self.capacity_rps:g}: must be above 0"
-        if self.max_concurrency < 1:
-            yield f"--max-concurrency {self.max_concurrency}: must be at least 1"
-        if self.send_rate < 1:
-            yield f"--send-rate {self.send_rate}: must be at least 1 byte a second"
+            yield f"capacity_rps {self.capacity_rps:g}: must be above 0"
         if self.objects.mean_size <= self.send_chunk:
             yield (
                 f"object mean size {self.objects.mean_size} must exceed the send chunk "
                 f"{self.send_chunk}: smaller responses leave at once"
             )
-        yield from self.objects.config_problems()
-        for what, value in (("policy", self.policy), ("scaling", self.scaling)):
-            yield from _config_problems(what, value)
-
-
-_OPTIONS = {
-    "policy": ("k", "ttl_max", "ttl_min", "th_over"),
-    "scaling": ("min_servers", "max_servers"),
-}
-_PROBLEM = re.compile(r"^(?P<what>\w+)(?:, line \d+)?: (?:(?P<key>\w+): )?(?P<text>.*)$")
-
-
-def _config_problems(what: str, value: object) -> Iterator[str]:
-    """The problems the manager would find in ``value`` (bounds, combinations): built back from
-    its document by the same loader as the manager's configuration. A key that ``dnslb lab``
-    has an option for is named by the option (``--k: must be at least 1, not 0``)."""
-    try:
-        parse_config(json.dumps(to_document(value)), type(value), source=what)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            match = _PROBLEM.match(problem)
-            if match is None:
-                yield problem
-                continue
-            key, text = match.group("key"), match.group("text")
-            if key in _OPTIONS.get(what, ()):
-                yield f"--{key.replace('_', '-')}: {text}"
-            elif key:
-                yield f"{what}.{key}: {text}"
-            else:
-                yield f"{what}: {text}"
 
 
 def manager_config(settings: LabSettings, *, api_token_file: Path | None) -> str:
@@ -225,6 +207,8 @@ def manager_config(settings: LabSettings, *, api_token_file: Path | None) -> str
         "# Generated by `dnslb lab` for one run; edits are lost at the next start.\n"
         "# Reference: docs/manager.md. What the lab runs: docs/lab.md.\n"
     )
+    import yaml  # noqa: PLC0415 (PyYAML: only when a lab is started, not to build the parser)
+
     return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
 
 

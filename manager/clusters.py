@@ -70,15 +70,17 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from dnslb.config import checked, setting
 from dnslb.dispatch import (
     DEFAULT_BUCKET_COUNT,
     MAX_BUCKETS,
+    MAX_SEED,
     MAX_VERSION,
     BucketTable,
     build_table,
@@ -86,7 +88,7 @@ from dnslb.dispatch import (
     quotas,
     table_to_json,
 )
-from dnslb.errors import ConfigError, DnslbError, ProtocolError
+from dnslb.errors import DnslbError, ProtocolError
 from dnslb.plan import MAX_TIME, show, text_problem
 from dnslb.report import MAX_COUNT, MAX_SEQ, Report, TableHeld, id_problem
 
@@ -118,65 +120,69 @@ class ClusterNode:
 
     node_id: str
     agent_url: str
-    token: str = field(repr=False)
+    token: str = field(repr=False)  # revealed from the manager's config (a Secret there)
     # A node's agent says how much it can take, and its weight follows: a compromised node
     # reporting 10^9 would draw nearly every new connection. Configured, this caps its share.
-    max_concurrency: int | None = None
+    max_concurrency: int | None = setting(
+        None, help="the most its reported capacity counts for", min=1, max=MAX_COUNT
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        if problem := id_problem(self.node_id):
+            yield f"node id {show(self.node_id)}: {problem}"
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterSettings:
-    """A cluster's configuration, as the manager's config gives it."""
+    """A cluster's configuration, as the manager's config gives it (``ClusterConfig.settings``);
+    :class:`ClusterController` checks it (:func:`~dnslb.config.checked`)."""
 
-    name: str
-    vip: str
-    nodes: tuple[ClusterNode, ...]
-    seed: int
-    bucket_count: int = DEFAULT_BUCKET_COUNT
-    failover_after: float = 0.3  # seconds without a heartbeat before a node's buckets move
-    weight_floor: float = 0.05  # a fully loaded node keeps this share of a free node's weight
-    smoothing: float = 0.3  # weight of the newest utilization sample (1 = no smoothing)
-    rebalance_threshold: float = 0.05  # fraction of buckets a weight change must move
-    min_rebuild_interval: float = 1.0  # seconds between rebuilds for joins and weights
-    join_after: float = 1.0  # a node (back) in service must stay alive this long to join
-    push_timeout: float = 1.0  # seconds a whole push (connect, send, answer) may take
-    retry_after: float = 0.2  # seconds before a failed push to a node is tried again
-    stuck_after: float = 5.0  # seconds a live node may go without taking our table
+    name: str = setting(help="cluster name")
+    vip: str = setting(help="the shared address")
+    nodes: tuple[ClusterNode, ...] = setting(help="the nodes")
+    seed: int = setting(help="jhash seed", min=0, max=MAX_SEED)
+    bucket_count: int = setting(
+        DEFAULT_BUCKET_COUNT, help="buckets in the dispatch table", min=1, max=MAX_BUCKETS
+    )
+    failover_after: float = setting(
+        0.3, help="seconds without a heartbeat before a node's buckets move", min=0.01, max=60.0
+    )
+    weight_floor: float = setting(
+        0.05,
+        help="a fully loaded node keeps this share of a free node's weight",
+        min=0.001,
+        max=1.0,
+    )
+    smoothing: float = setting(
+        0.3, help="weight of the newest utilization sample (1: no smoothing)", min=0.001, max=1.0
+    )
+    rebalance_threshold: float = setting(
+        0.05, help="fraction of buckets a weight change must move", min=0.0, max=1.0
+    )
+    min_rebuild_interval: float = setting(
+        1.0, help="seconds between rebuilds for joins and weights", min=0.0, max=3600.0
+    )
+    join_after: float = setting(
+        1.0, help="seconds a node (back) in service must stay alive to join", min=0.0, max=3600.0
+    )
+    push_timeout: float = setting(
+        1.0, help="seconds a whole push (connect, send, answer) may take", min=0.01, max=3600.0
+    )
+    retry_after: float = setting(
+        0.2, help="seconds before a failed push to a node is tried again", min=0.0, max=3600.0
+    )
+    stuck_after: float = setting(
+        5.0, help="seconds a live node may go without taking our table", min=0.01, max=3600.0
+    )
 
-    def __post_init__(self) -> None:
-        problems: list[str] = []
-        ids = [node.node_id for node in self.nodes]
+    def config_problems(self) -> Iterator[str]:
         if problem := id_problem(self.name):
-            problems.append(f"name: {problem}")
+            yield f"name: {problem}"
+        ids = [node.node_id for node in self.nodes]
         if not self.nodes:
-            problems.append("nodes: at least one")
+            yield "nodes: at least one"
         if len(set(ids)) != len(ids):
-            problems.append("nodes: node ids must be unique")
-        for node in self.nodes:
-            if problem := id_problem(node.node_id):
-                problems.append(f"nodes: node id {show(node.node_id)}: {problem}")
-            if node.max_concurrency is not None and not _within(node.max_concurrency, 1, MAX_COUNT):
-                problems.append(f"nodes: {node.node_id}: max_concurrency must be 1..{MAX_COUNT}")
-        if not 0 <= self.seed <= 0xFFFFFFFF:
-            problems.append("seed: must be 0..2^32-1")
-        if not 1 <= self.bucket_count <= MAX_BUCKETS:
-            problems.append(f"bucket_count: must be 1..{MAX_BUCKETS}")
-        if not 0 < self.failover_after <= 60:
-            problems.append("failover_after: must be more than 0 and at most 60 seconds")
-        if not 0 < self.weight_floor <= 1:
-            problems.append("weight_floor: must be more than 0 and at most 1")
-        if not 0 < self.smoothing <= 1:
-            problems.append("smoothing: must be more than 0 and at most 1")
-        if not 0 <= self.rebalance_threshold <= 1:
-            problems.append("rebalance_threshold: must be 0..1")
-        for name in ("min_rebuild_interval", "join_after", "retry_after"):
-            if not 0 <= getattr(self, name) <= 3600:
-                problems.append(f"{name}: must be 0 to 3600 seconds")
-        for name in ("push_timeout", "stuck_after"):
-            if not 0 < getattr(self, name) <= 3600:
-                problems.append(f"{name}: must be more than 0 and at most 3600 seconds")
-        if problems:
-            raise ConfigError(f"cluster {self.name}", problems)
+            yield "nodes: node ids must be unique"
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +327,7 @@ class ClusterController:
         clock: Clock,
         max_events: int = 1000,
     ) -> None:
-        self.settings = settings
+        self.settings = checked(settings, f"cluster {settings.name}")
         self.pusher = pusher
         self.clock = clock
         self._nodes = {node.node_id: _Node(node) for node in settings.nodes}

@@ -7,8 +7,6 @@ What serves the REST API beside it is not the manager's to know: the composition
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -31,18 +29,11 @@ def run(args: argparse.Namespace, attach: Callable[[Manager], None] | None = Non
     import asyncio  # noqa: PLC0415
     import signal  # noqa: PLC0415
 
+    from dnslb import logs  # noqa: PLC0415
     from manager.config import load_manager_config  # noqa: PLC0415
     from manager.service import Manager  # noqa: PLC0415
 
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s dnslb manager: %(levelname)s %(message)s",
-    )
-    # httpx logs every request at INFO (the docker provider polls a booting container twice a
-    # second): its lines would drown the manager's own.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.configure("manager", args.log_level, pid=False, timestamps=True)
     loaded = load_manager_config(args.config)
     if args.check:
         print(f"{args.config}: ok")

@@ -3,6 +3,11 @@
 ``dnslb manager --config manager.yaml`` loads it once with :func:`dnslb.config.load_config`;
 unknown keys, bad values and missing secrets are reported together with file and line.
 ``docs/manager.md`` holds the reference generated from these classes.
+
+A pool's ``provider`` and ``health_check`` blocks are plugin families
+(:class:`~dnslb.config.PluginConfig`): each provider's and each check's configuration class
+lives beside its implementation (:mod:`manager.providers`, :mod:`manager.checks`) and is
+accepted here once registered there.
 """
 
 from __future__ import annotations
@@ -20,13 +25,9 @@ from dnslb.plan import STATIC_TYPES, address_problem, show, text_problem
 from dnslb.policy import PoolPolicy
 from dnslb.report import id_problem
 from dnslb.scaling import ScalingPolicy
+from manager.checks import HealthCheckConfig
 from manager.clusters import ClusterNode, ClusterSettings
-from manager.providers.docker import DockerProviderConfig
-from manager.providers.ec2 import Ec2ProviderConfig
-from manager.providers.local import LocalProviderConfig
-from manager.providers.memory import MemoryProviderConfig
-from manager.providers.openstack import OpenStackProviderConfig
-from manager.providers.static import StaticProviderConfig
+from manager.providers import ProviderConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,34 +214,6 @@ class ZoneConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class TcpCheck:
-    """Healthy when a TCP connection to the check address opens."""
-
-    type: Literal["tcp"]
-    port: int = setting(help="port to connect to", min=1, max=65535)
-    interval: float = setting(2.0, help="seconds between checks", min=0.1)
-    timeout: float = setting(1.0, help="seconds before a check fails", min=0.05)
-    rise: int = setting(2, help="passes in a row to become healthy", min=1)
-    fall: int = setting(2, help="failures in a row to become unhealthy", min=1)
-
-
-@dataclass(frozen=True, slots=True)
-class HttpCheck:
-    """Healthy when an HTTP GET answers with the expected status (and body text)."""
-
-    type: Literal["http"]
-    port: int = setting(80, help="port", min=1, max=65535)
-    path: str = setting("/", help="path to GET")
-    host: str | None = setting(None, help="Host header (default: the check address)")
-    expect_status: int = setting(200, help="expected status code", min=100, max=599)
-    expect_body: str | None = setting(None, help="text the body must contain")
-    interval: float = setting(2.0, help="seconds between checks", min=0.1)
-    timeout: float = setting(1.0, help="seconds before a check fails", min=0.05)
-    rise: int = setting(2, help="passes in a row to become healthy", min=1)
-    fall: int = setting(2, help="failures in a row to become unhealthy", min=1)
-
-
-@dataclass(frozen=True, slots=True)
 class ClusterNodeConfig:
     """A node of a single-IP cluster."""
 
@@ -376,17 +349,6 @@ class LifecycleConfig:
     )
 
 
-ProviderConfig = (
-    StaticProviderConfig
-    | MemoryProviderConfig
-    | LocalProviderConfig
-    | DockerProviderConfig
-    | Ec2ProviderConfig
-    | OpenStackProviderConfig
-)
-"""Every provider's configuration, told apart by ``type``."""
-
-
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
     """A load-balanced name and the servers behind it."""
@@ -395,7 +357,7 @@ class PoolConfig:
     zone: str = setting(help="the zone the name is in (one of zones[].name)")
     policy: PoolPolicy = setting(default_factory=PoolPolicy, help="load policy")
     members: tuple[MemberConfig, ...] = setting(default_factory=tuple, help="static members")
-    health_check: TcpCheck | HttpCheck | None = setting(
+    health_check: HealthCheckConfig | None = setting(
         None, help="active health check, run centrally by the manager"
     )
     provider: ProviderConfig | None = setting(
@@ -456,7 +418,7 @@ class RuntimePoolsConfig:
     )
 
     def config_problems(self) -> Iterator[str]:
-        known = ("static", "memory", "local", "docker", "ec2", "openstack")
+        known = tuple(ProviderConfig.plugins())
         for name in self.providers:
             if name not in known:
                 yield f"providers: {name!r} is not one of {', '.join(known)}"

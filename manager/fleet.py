@@ -151,9 +151,11 @@ class Fleet:
         self.log(
             now,
             "state",
-            f"{previous.value} -> {state.value}: {reason}",
+            reason,
             pool=server.record.pool,
             server=server.id,
+            from_state=previous,
+            to_state=state,
         )
 
     def log(
@@ -164,9 +166,19 @@ class Fleet:
         *,
         pool: str | None = None,
         server: str | None = None,
+        from_state: ServerState | None = None,
+        to_state: ServerState | None = None,
     ) -> Event:
         return self.store.add_event(
-            Event(time=now, kind=kind, reason=reason, pool=pool, server=server)
+            Event(
+                time=now,
+                kind=kind,
+                reason=reason,
+                pool=pool,
+                server=server,
+                from_state=from_state,
+                to_state=to_state,
+            )
         )
 
     def may_report(self, server: ServerRuntime, token: str) -> bool:

@@ -1,9 +1,10 @@
 """Active health checks, run once centrally by the manager (every DNS server reads the plan).
 
 Per pool with a ``health_check``, :class:`HealthChecker` probes each live server's check address
-every ``interval``: a TCP connect, or an HTTP GET expecting a status (and optionally a text in the
-body). :func:`count_result` applies rise/fall: a server becomes healthy after ``rise`` passes in a
-row and unhealthy after ``fall`` failures in a row. The manager's tick reads the verdict.
+every ``interval`` with the check the pool names (:mod:`manager.checks`: a TCP connect, an HTTP
+GET expecting a status...). :func:`count_result` applies rise/fall: a server becomes healthy
+after ``rise`` passes in a row and unhealthy after ``fall`` failures in a row. The manager's tick
+reads the verdict.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import asyncio
 import logging
 
 from dnslb.model import ServerState
-from manager.config import HttpCheck, TcpCheck
+from manager.checks import create_check
 from manager.fleet import CheckStatus, Fleet, PoolRuntime, ServerRuntime
 
 log = logging.getLogger("dnslb.manager.health")
 
 _CHECKED_STATES = (ServerState.WARMING, ServerState.ACTIVE, ServerState.DOWN)
-_MAX_BODY = 64 * 1024
 
 
 def count_result(status: CheckStatus, ok: bool, error: str, *, rise: int, fall: int) -> bool:
@@ -36,44 +36,6 @@ def count_result(status: CheckStatus, ok: bool, error: str, *, rise: int, fall: 
         if status.failures >= fall:
             status.healthy = False
     return status.healthy is not before
-
-
-async def probe(check: TcpCheck | HttpCheck, address: str) -> tuple[bool, str]:
-    """Run one check against ``address``: ``(True, "")`` or ``(False, why)``."""
-    try:
-        return await asyncio.wait_for(_probe(check, address), timeout=check.timeout)
-    except TimeoutError:
-        return False, f"timed out after {check.timeout:g} s"
-    except OSError as exc:
-        return False, exc.strerror or str(exc)
-
-
-async def _probe(check: TcpCheck | HttpCheck, address: str) -> tuple[bool, str]:
-    reader, writer = await asyncio.open_connection(address, check.port)
-    try:
-        if isinstance(check, TcpCheck):
-            return True, ""
-        host = check.host or (f"[{address}]" if ":" in address else address)
-        request = (
-            f"GET {check.path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: dnslb-health\r\n"
-            "Connection: close\r\n\r\n"
-        )
-        writer.write(request.encode("ascii"))
-        await writer.drain()
-        head = await reader.readline()
-        parts = head.decode("latin-1").split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            return False, f"not an HTTP response: {head[:60]!r}"
-        status = int(parts[1])
-        if status != check.expect_status:
-            return False, f"HTTP {status}, expected {check.expect_status}"
-        if check.expect_body is not None:
-            body = await reader.read(_MAX_BODY)
-            if check.expect_body.encode("utf-8") not in body:
-                return False, f"body lacks {check.expect_body!r}"
-        return True, ""
-    finally:
-        writer.close()
 
 
 class HealthChecker:
@@ -110,8 +72,9 @@ class HealthChecker:
         check = pool.config.health_check
         if check is None:
             return
+        probe = create_check(check).probe
         servers = [s for s in pool.servers.values() if s.state in _CHECKED_STATES]
-        results = await asyncio.gather(*(probe(check, _check_address(s)) for s in servers))
+        results = await asyncio.gather(*(probe(_check_address(s)) for s in servers))
         for server, (ok, error) in zip(servers, results, strict=True):
             if count_result(server.check, ok, error, rise=check.rise, fall=check.fall):
                 verdict = "passing" if server.check.healthy else f"failing ({error})"

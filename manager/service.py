@@ -536,6 +536,7 @@ class Manager:
             self.plan_problem = problem
             return None
         try:
+            self.publisher.open_stats()  # where the pipe backends write their answer counts
             self.publisher.publish(plan)
         except OSError as exc:
             log.error(

@@ -17,15 +17,22 @@ newest ``events_max_rows`` (1,000,000) are deleted. Pruning is cheap and occasio
 :data:`PRUNE_CHUNK` rows at a time (a store far behind catches up over the next inserts, never in
 one long stall of the event loop), through indexes only. Age is measured from the newest event's
 time, the manager's own clock, so that a store never mixes clocks (a test's fake clock, say).
+
+**Schema versions.** A database of an older schema is migrated when opened: schema 1 kept a
+state change only as text (``"active -> draining: scale in"``); schema 2 adds the ``from_state``
+and ``to_state`` columns of events, and the migration fills them from the old rows' text and keeps
+the rest as their reason. A database of a newer schema than this dnslb knows is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import os
+import re
 import sqlite3
 import stat
 from collections.abc import Iterable, Iterator
@@ -37,7 +44,7 @@ from dnslb.model import Event, ServerState
 
 log = logging.getLogger("dnslb.manager.state")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 EVENTS_MAX_AGE = 30 * 86400.0
 """Default: seconds an event is kept."""
@@ -50,6 +57,12 @@ PRUNE_INTERVAL = 60.0
 PRUNE_CHUNK = 5000
 """Rows one prune deletes at most (tens of milliseconds at a million rows: see
 bench/state_events.py)."""
+
+_STATES = "|".join(state.value for state in ServerState)
+_SCHEMA_1_TRANSITION = re.compile(
+    rf"^(?P<from>{_STATES}) -> (?P<to>{_STATES}): (?P<reason>.*)\Z", re.DOTALL
+)
+"""How a schema-1 manager wrote a state change into its event's reason."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -86,7 +99,9 @@ CREATE TABLE IF NOT EXISTS events (
     pool TEXT,
     server TEXT,
     kind TEXT NOT NULL,
-    reason TEXT NOT NULL
+    reason TEXT NOT NULL,
+    from_state TEXT,
+    to_state TEXT
 );
 CREATE INDEX IF NOT EXISTS events_pool ON events (pool, id);
 CREATE INDEX IF NOT EXISTS events_server ON events (server, id);
@@ -158,13 +173,36 @@ class StateStore:
         found = self.get_meta("schema_version")
         if found is None:
             self.set_meta("schema_version", str(SCHEMA_VERSION))
-        elif int(found) != SCHEMA_VERSION:
+        elif int(found) > SCHEMA_VERSION:
             raise RuntimeError(
                 f"{self.path}: state schema {found}, this dnslb knows {SCHEMA_VERSION}"
             )
+        elif int(found) < SCHEMA_VERSION:
+            self._migrate(int(found))
 
     def close(self) -> None:
         self._db.close()
+
+    def _migrate(self, version: int) -> None:
+        """Bring a database of schema ``version`` up to :data:`SCHEMA_VERSION`, in one
+        transaction (see the module docstring)."""
+        with self.batch():
+            if version < 2:
+                for column in ("from_state", "to_state"):
+                    self._db.execute(f"ALTER TABLE events ADD COLUMN {column} TEXT")
+                rows = self._db.execute(
+                    "SELECT id, reason FROM events WHERE kind = 'state'"
+                ).fetchall()
+                for event_id, reason in rows:
+                    match = _SCHEMA_1_TRANSITION.match(reason)
+                    if match is None:
+                        continue  # not written by a schema-1 manager: left as it is
+                    self._db.execute(
+                        "UPDATE events SET from_state = ?, to_state = ?, reason = ? WHERE id = ?",
+                        (match["from"], match["to"], match["reason"], event_id),
+                    )
+            self.set_meta("schema_version", str(SCHEMA_VERSION))
+        log.info("%s: state schema %d migrated to %d", self.path, version, SCHEMA_VERSION)
 
     def _make_private(self) -> None:
         """Create the database (and its directory) readable by its owner only, and tighten
@@ -312,8 +350,17 @@ class StateStore:
     def add_event(self, event: Event) -> Event:
         """Store ``event`` (and now and then prune old ones); the event with its id."""
         cursor = self._db.execute(
-            "INSERT INTO events (time, pool, server, kind, reason) VALUES (?, ?, ?, ?, ?)",
-            (event.time, event.pool, event.server, event.kind, event.reason),
+            "INSERT INTO events (time, pool, server, kind, reason, from_state, to_state) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                event.time,
+                event.pool,
+                event.server,
+                event.kind,
+                event.reason,
+                _state_value(event.from_state),
+                _state_value(event.to_state),
+            ),
         )
         if math.isfinite(event.time):
             self._newest = max(self._newest, event.time)
@@ -324,14 +371,7 @@ class StateStore:
             or self._newest - self._pruned_at >= self.prune_interval
         ):
             self.prune_events()
-        return Event(
-            time=event.time,
-            kind=event.kind,
-            reason=event.reason,
-            pool=event.pool,
-            server=event.server,
-            id=cursor.lastrowid,
-        )
+        return dataclasses.replace(event, id=cursor.lastrowid)
 
     def prune_events(self, now: float | None = None, *, limit: int = PRUNE_CHUNK) -> int:
         """Delete up to ``limit`` events among those older than ``events_max_age`` before
@@ -406,11 +446,34 @@ class StateStore:
         )
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._db.execute(
-            f"SELECT id, time, pool, server, kind, reason FROM events {where} "  # noqa: S608
-            "ORDER BY id DESC LIMIT ?",
+            "SELECT id, time, pool, server, kind, reason, from_state, to_state "  # noqa: S608
+            f"FROM events {where} ORDER BY id DESC LIMIT ?",
             (*params, limit),
         ).fetchall()
         return [
-            Event(id=row[0], time=row[1], pool=row[2], server=row[3], kind=row[4], reason=row[5])
+            Event(
+                id=row[0],
+                time=row[1],
+                pool=row[2],
+                server=row[3],
+                kind=row[4],
+                reason=row[5],
+                from_state=_state_of(row[6]),
+                to_state=_state_of(row[7]),
+            )
             for row in rows
         ]
+
+
+def _state_value(state: ServerState | None) -> str | None:
+    return None if state is None else state.value
+
+
+def _state_of(value: str | None) -> ServerState | None:
+    """A stored state; one this dnslb does not know (written by a newer one) reads as None."""
+    if value is None:
+        return None
+    try:
+        return ServerState(value)
+    except ValueError:
+        return None

@@ -2,17 +2,22 @@
 runs) and ``dnslb pipe-backend`` take the same options, declared here once.
 
 Importing this module costs the standard library only; the backend is imported when it runs.
+
+The pipe backend's own files (its copy of the last good plan) go to its state directory,
+``--state-dir`` (:func:`default_state_dir` when not given), never beside the plan: the plan's
+directory need not be writable by PowerDNS's user, and serving ``examples/plan.json`` leaves the
+checkout clean.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 DEFAULT_POLL_INTERVAL = 0.25
 
@@ -25,9 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan location: a JSON file path, or redis://HOST:PORT/DB?key=NAME",
     )
     parser.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="directory for the pipe backend's own files, created if missing (default: "
+        "$STATE_DIRECTORY as systemd sets it, else $XDG_STATE_HOME/dnslb/pipe-backend, else "
+        "~/.local/state/dnslb/pipe-backend)",
+    )
+    parser.add_argument(
         "--last-good",
         default=None,
-        help="where to keep a copy of the last plan loaded (default: beside a plan file)",
+        metavar="PATH",
+        help="where to keep a copy of the last plan loaded and compiled (default: a file in "
+        "the state directory named after the plan)",
     )
     parser.add_argument(
         "--redis-password-file",
@@ -43,8 +58,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed the rotation (tests only)")
 
 
+def default_state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """The state directory when ``--state-dir`` is not given: the first of ``$STATE_DIRECTORY``
+    (systemd sets it for a unit with ``StateDirectory=``; PowerDNS passes its environment on to
+    its coprocesses), else ``$XDG_STATE_HOME/dnslb/pipe-backend``, else
+    ``~/.local/state/dnslb/pipe-backend``."""
+    systemd = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if systemd:
+        return Path(systemd)
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "dnslb" / "pipe-backend"
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve pdns on stdin/stdout until it closes the pipe."""
+    from dnslb import logs  # noqa: PLC0415
     from dnslb.errors import ConfigError  # noqa: PLC0415
     from dnslb.plan_store import (  # noqa: PLC0415
         FilePlanStore,
@@ -54,11 +82,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from pipe_backend.backend import PipeBackend  # noqa: PLC0415
 
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format=f"dnslb pipe-backend[{os.getpid()}]: %(levelname)s %(message)s",
-    )
+    logs.configure("pipe-backend")
     rng = random.Random(args.seed) if args.seed is not None else random.Random()
     password = None
     if args.redis_password_file:
@@ -74,7 +98,14 @@ def run(args: argparse.Namespace) -> int:
                 "pipe backend", [f"{args.redis_password_file}: not UTF-8 text"]
             ) from None
     store = open_store(args.plan, password=password)
-    last_good = FilePlanStore(args.last_good) if args.last_good else last_good_store(store)
+    if args.last_good:
+        last_good = FilePlanStore(args.last_good)
+    else:
+        state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+        # One that cannot be made is logged by the backend, once, when it first keeps a plan.
+        with contextlib.suppress(OSError):
+            state_dir.mkdir(parents=True, exist_ok=True)
+        last_good = last_good_store(store, state_dir)
     backend = PipeBackend(
         store,
         last_good=last_good,

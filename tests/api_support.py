@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 
 from cli.main import attach_api
+from daemons.process import free_port
 from dnslb.clock import FakeClock
 from dnslb.model import ServerState
 from manager.config import load_manager_config
 from manager.control import Control
 from manager.providers.memory import MemoryProvider
 from manager.service import Manager
-from tests.conftest import free_port
 
 ADMIN = "admin-token-0123456789"
 READ = "read-token-0123456789"

@@ -1,4 +1,6 @@
-"""Shared test helpers: plan documents to start from, free ports; the property-based tests' seed.
+"""Shared test helpers: plan documents to start from; the property-based tests' seed.
+
+A free port comes from :func:`daemons.process.free_port`.
 
 Property-based tests (hypothesis, and schemathesis on top of it) run with a fixed seed by
 default: the ``fixed`` profile derandomizes hypothesis (each test's examples follow from the test
@@ -13,7 +15,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -104,21 +105,6 @@ def write_plan(path: Path, doc: dict[str, Any]) -> None:
     temp = path.with_name(path.name + ".tmp")
     temp.write_text(json.dumps(doc))
     temp.replace(path)
-
-
-def free_port() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1 right now."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            tcp.bind(("127.0.0.1", 0))
-            port = int(tcp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                try:
-                    udp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port")
 
 
 @pytest.fixture

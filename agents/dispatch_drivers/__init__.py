@@ -1,6 +1,9 @@
 """Dispatch drivers, by name: ``nftables`` (the real one) and ``dry-run``.
 
-See :mod:`agents.dispatch_drivers.base` for the interface.
+See :mod:`agents.dispatch_drivers.base` for the interface. :data:`DRIVERS` is the registry: a new
+driver is one module (a :class:`DispatchDriver` with its ``name``) and one line there. A driver
+has no configuration of its own (the node agent's :class:`NodeRules` is what every driver
+needs), so the node agent's ``driver`` setting is checked against :data:`DRIVERS` by name.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ DRIVERS: dict[str, type[DispatchDriver]] = {
     NftablesDriver.name: NftablesDriver,
     DryRunDriver.name: DryRunDriver,
 }
+"""Each dispatch driver, by the name the node agent's ``driver`` setting gives."""
 
 
 def create_driver(name: str, rules: NodeRules) -> DispatchDriver:

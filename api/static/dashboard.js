@@ -134,7 +134,8 @@
       kind.className = "kind";
       kind.textContent = event.kind;
       const where = [event.pool, event.server].filter(Boolean).join("/");
-      li.append(`${clock(event.time)} `, kind, ` ${where}: ${event.reason}`);
+      const change = event.to_state ? `${event.from_state} -> ${event.to_state}: ` : "";
+      li.append(`${clock(event.time)} `, kind, ` ${where}: ${change}${event.reason}`);
       return li;
     }));
   }

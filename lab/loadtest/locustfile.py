@@ -27,7 +27,9 @@ from locust import FastHttpUser, LoadTestShape, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 
+from dnslb.config import default_of, problems_of
 from lab.loadtest.resolver import CachingResolver, LookupFailed, choose, dns_lookup, server_address
+from lab.loadtest.run import LoadTest
 from lab.loadtest.shape import StepLoad
 from lab.records import DNS, Record, RecordWriter
 
@@ -35,41 +37,71 @@ _recorder: RecordWriter | None = None
 
 
 def _options(parser: Any) -> None:
+    """The lab's options, added to locust's parser; each default is the field's it fills
+    (:class:`~lab.loadtest.run.LoadTest`, :class:`~lab.loadtest.shape.StepLoad`)."""
+
+    def test(name: str) -> Any:
+        return default_of(LoadTest, name)
+
+    def load(name: str) -> Any:
+        return default_of(StepLoad, name)
+
     group = parser.add_argument_group("dnslb lab")
     group.add_argument(
         "--dns-server",
-        default="127.0.0.1:5300",
-        help="ADDRESS:PORT (or NAME:PORT) of the lab's DNS",
+        default=test("dns_server"),
+        help="ADDRESS:PORT (or NAME:PORT) of the lab's DNS (%(default)s)",
     )
-    group.add_argument("--lb-name", default="www.lab.test", help="the load-balanced name")
-    group.add_argument("--http-port", type=int, default=8080, help="cache servers' port")
-    group.add_argument("--objects", type=int, default=100, help="objects /objects/0..N-1")
-    group.add_argument("--think-time", type=float, default=1.0, help="mean think time, seconds")
+    group.add_argument(
+        "--lb-name", default=test("lb_name"), help="the load-balanced name (%(default)s)"
+    )
+    group.add_argument(
+        "--http-port", type=int, default=test("http_port"), help="cache servers' port"
+    )
+    group.add_argument(
+        "--objects", type=int, default=test("objects"), help="objects /objects/0..N-1"
+    )
+    group.add_argument(
+        "--think-time", type=float, default=test("think_time"), help="mean think time, seconds"
+    )
     group.add_argument(
         "--ignore-ttl",
         type=float,
-        default=0.1,
-        help="fraction of users ignoring TTLs, as some real clients do (0..1; 0.1)",
+        default=test("ignore_ttl"),
+        help="fraction of users ignoring TTLs, as some real clients do (0..1; %(default)s)",
     )
     group.add_argument(
         "--ignore-ttl-hold",
         type=float,
-        default=600.0,
+        default=test("ignore_ttl_hold"),
         help="seconds a TTL-ignoring user keeps an answer",
     )
     group.add_argument(
-        "--connect", choices=["first", "random"], default="first", help="address to connect to"
+        "--connect",
+        choices=["first", "random"],
+        default=test("connect"),
+        help="address to connect to",
     )
-    group.add_argument("--request-timeout", type=float, default=60.0, help="seconds (60)")
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=test("request_timeout"),
+        help="seconds (%(default)s)",
+    )
     group.add_argument("--records", help="CSV file of every request (lab.records)")
-    group.add_argument("--start-users", type=int, default=10, help="users at the start")
-    group.add_argument("--step-users", type=int, default=10, help="users added each step")
-    group.add_argument("--step-time", type=float, default=30.0, help="seconds between steps")
-    group.add_argument("--steps", type=int, default=5, help="steps after the start")
-    group.add_argument("--hold", type=float, default=30.0, help="seconds at the peak")
+    group.add_argument("--start-users", type=int, default=load("start"), help="users at the start")
+    group.add_argument("--step-users", type=int, default=load("step"), help="users added each step")
+    group.add_argument(
+        "--step-time", type=float, default=load("every"), help="seconds between steps"
+    )
+    group.add_argument("--steps", type=int, default=load("count"), help="steps after the start")
+    group.add_argument("--hold", type=float, default=load("hold"), help="seconds at the peak")
     group.add_argument("--seed", type=int, help="seed of the users' random choices")
     group.add_argument(
-        "--progress", type=float, default=10.0, help="seconds between progress lines (0: none)"
+        "--progress",
+        type=float,
+        default=test("progress"),
+        help="seconds between progress lines (0: none)",
     )
 
 
@@ -252,7 +284,7 @@ class StepShape(LoadTestShape):
             count=options.steps,
             hold=options.hold,
         )
-        problems = list(load.problems())
+        problems = problems_of(load)
         if problems:
             print(f"loadtest: {'; '.join(problems)}", file=sys.stderr)
             raise StopUser

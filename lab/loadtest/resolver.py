@@ -20,8 +20,10 @@ import dns.query
 import dns.rcode
 import dns.rdatatype
 
+from dnslb.errors import DnslbError
 
-class LookupFailed(Exception):
+
+class LookupFailed(DnslbError):
     """A DNS lookup got no usable answer (timeout, error rcode, no address)."""
 
 

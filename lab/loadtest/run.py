@@ -1,28 +1,31 @@
 """``dnslb loadtest``: a headless locust run against a lab, with CSV output.
 
-It reads the lab's ``lab.json`` (DNS server, load-balanced name, cache servers' port, objects),
-runs ``locust -f lab/loadtest/locustfile.py --headless`` with the step load asked for, and leaves in
-its output directory: ``locust_stats.csv``, ``locust_stats_history.csv``, ``locust_failures.csv``
-and ``locust_exceptions.csv`` (locust's own), ``requests.csv`` (every request,
-:mod:`lab.records`), ``loadtest.json`` (the parameters, start and end) and ``locust.log``.
-``dnslb report`` reads them.
+:func:`run_loadtest` runs ``locust -f lab/loadtest/locustfile.py --headless`` as a :class:`LoadTest`
+says (``dnslb loadtest`` fills one from the lab's ``lab.json``: DNS server, load-balanced name,
+cache servers' port, objects), and leaves in its output directory: ``locust_stats.csv``,
+``locust_stats_history.csv``, ``locust_failures.csv`` and ``locust_exceptions.csv`` (locust's own),
+``requests.csv`` (every request, :mod:`lab.records`), ``loadtest.json`` (the parameters, start and
+end) and ``locust.log``. ``dnslb report`` reads them.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from dnslb.errors import ConfigError, ProcessError
+from dnslb.config import checked, default_of, setting
+from dnslb.errors import ProcessError
 from lab.loadtest.shape import StepLoad
+from lab.objects import ObjectCatalog
 from lab.records import read_records
-from lab.runner import default_workdir, read_lab_info
+from lab.settings import LAB_POOL, LAB_ZONE, LabSettings
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 RUN_FILE = "loadtest.json"
@@ -30,35 +33,47 @@ RECORDS_FILE = "requests.csv"
 CSV_PREFIX = "locust"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LoadTest:
-    """One headless run: where to send the load, its shape, the users' behaviour."""
+    """One headless run: where to send the load, its shape, the users' behaviour.
 
-    dns_server: str  # HOST:PORT
-    lb_name: str
-    http_port: int
-    objects: int
-    load: StepLoad
-    out: Path
-    think_time: float = 1.0
-    ignore_ttl: float = 0.1
-    ignore_ttl_hold: float = 600.0
-    connect: str = "first"
-    request_timeout: float = 60.0
-    seed: int | None = None
-    progress: float = 10.0
+    The defaults are a default lab's (``dnslb lab`` with no options) and the paper's clients'.
+    """
 
-    def problems(self) -> list[str]:
-        found = list(self.load.problems())
-        if not 0 <= self.ignore_ttl <= 1:
-            found.append(f"--ignore-ttl {self.ignore_ttl:g}: must be a fraction from 0 to 1")
-        if self.think_time < 0:
-            found.append(f"--think-time {self.think_time:g}: must be 0 or more")
+    out: Path = setting(help="output directory: locust's CSVs, requests.csv, loadtest.json")
+    dns_server: str = setting(
+        f"127.0.0.1:{default_of(LabSettings, 'dns_port')}",
+        help="ADDRESS:PORT (or NAME:PORT) of the lab's DNS",
+    )
+    lb_name: str = setting(f"{LAB_POOL}.{LAB_ZONE}", help="the load-balanced name")
+    http_port: int = setting(
+        default_of(LabSettings, "http_port"), help="cache servers' port", min=1, max=65535
+    )
+    objects: int = setting(
+        default_of(ObjectCatalog, "count"), help="objects /objects/0..N-1", min=1
+    )
+    load: StepLoad = setting(default_factory=StepLoad, help="the step load")
+    think_time: float = setting(1.0, help="mean think time, seconds", min=0)
+    ignore_ttl: float = setting(
+        0.1, help="fraction of users ignoring TTLs, as some real clients do", min=0, max=1
+    )
+    ignore_ttl_hold: float = setting(
+        600.0, help="seconds a TTL-ignoring user keeps an answer", min=0
+    )
+    connect: Literal["first", "random"] = setting(
+        "first", help="the address of an answer a user connects to"
+    )
+    request_timeout: float = setting(
+        60.0, help="seconds after which a user gives up on a request (above 0)", min=0
+    )
+    seed: int | None = setting(None, help="seed of the users' random choices")
+    progress: float = setting(10.0, help="seconds between progress lines (0: none)", min=0)
+
+    def config_problems(self) -> Iterator[str]:
         if self.request_timeout <= 0:
-            found.append(f"--request-timeout {self.request_timeout:g}: must be above 0")
+            yield f"request_timeout: must be above 0, not {self.request_timeout:g}"
         if self.connect not in ("first", "random"):
-            found.append(f"--connect {self.connect!r}: first or random")
-        return found
+            yield f"connect: must be first or random, not {self.connect!r}"
 
     def command(self) -> list[str]:
         """The locust command line of this run."""
@@ -123,9 +138,7 @@ def run_loadtest(test: LoadTest, *, quiet: bool = False) -> Path:
     Raises :class:`ConfigError` for bad parameters and :class:`ProcessError` when locust fails
     or writes no records.
     """
-    problems = test.problems()
-    if problems:
-        raise ConfigError("loadtest", problems)
+    checked(test, "loadtest")
     test.out.mkdir(parents=True, exist_ok=True)
     (test.out / RECORDS_FILE).unlink(missing_ok=True)
     started = time.time()
@@ -189,43 +202,11 @@ def summary(out: Path) -> str:
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    """``dnslb loadtest``."""
-    lab_dir = Path(args.lab) if args.lab else default_workdir()
-    info = read_lab_info(lab_dir)
-    load = StepLoad(
-        start=args.start_users,
-        step=args.step_users,
-        every=args.step_time,
-        count=args.steps,
-        hold=args.hold,
-    )
-    out = (
-        Path(args.out)
-        if args.out
-        else Path(info.workdir) / "loadtest" / time.strftime("%Y%m%d-%H%M%S")
-    )
-    test = LoadTest(
-        dns_server=f"{info.dns_address}:{info.dns_port}",
-        lb_name=info.dns_name,
-        http_port=info.http_port,
-        objects=info.catalog.count,
-        load=load,
-        out=out,
-        think_time=args.think_time,
-        ignore_ttl=args.ignore_ttl,
-        ignore_ttl_hold=args.ignore_ttl_hold,
-        connect=args.connect,
-        request_timeout=args.request_timeout,
-        seed=args.seed,
-    )
-    print(
-        f"dnslb loadtest: {load.start} users, +{load.step} every {load.every:g} s "
+def describe(test: LoadTest) -> str:
+    """One line on what ``test`` will do."""
+    load = test.load
+    return (
+        f"{load.start} users, +{load.step} every {load.every:g} s "
         f"({load.count} steps, peak {load.peak}), held {load.hold:g} s: "
-        f"{load.duration:.0f} s against {info.dns_name} via {test.dns_server}",
-        flush=True,
+        f"{load.duration:.0f} s against {test.lb_name} via {test.dns_server}"
     )
-    run_loadtest(test)
-    print(summary(out))
-    print(f"report:  dnslb report --lab {info.workdir} --loadtest {out}")
-    return 0

@@ -10,24 +10,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from dnslb.config import setting
+
 
 @dataclass(frozen=True, slots=True)
 class StepLoad:
-    """A staircase of users."""
+    """A staircase of users (validate one built in code with :func:`dnslb.config.checked`)."""
 
-    start: int
-    step: int
-    every: float
-    count: int
-    hold: float = 0.0
+    start: int = setting(20, help="users at the start", min=0)
+    step: int = setting(20, help="users added each step", min=0)
+    every: float = setting(30.0, help="seconds a step lasts (above 0)", min=0)
+    count: int = setting(5, help="steps after the start", min=0)
+    hold: float = setting(30.0, help="seconds the peak is held", min=0)
 
-    def problems(self) -> Iterator[str]:
-        if self.start < 0 or self.step < 0 or self.count < 0:
-            yield "users and steps must be 0 or more"
+    def config_problems(self) -> Iterator[str]:
         if self.every <= 0:
-            yield f"step time must be above 0, not {self.every:g}"
-        if self.hold < 0:
-            yield f"hold must be 0 or more, not {self.hold:g}"
+            yield f"every: must be above 0, not {self.every:g}"
         if self.peak < 1:
             yield "the load never has a user"
 

@@ -6,6 +6,12 @@ A provider launches, describes, lists and terminates the servers of one pool. Ca
 never starts two servers) and every server a provider starts carries the pool and server id
 (tags, metadata, a directory name), so that :meth:`Provider.list_owned` finds it again after a
 manager restart or crash.
+
+A provider is one module: its configuration, a frozen dataclass deriving from
+:class:`ProviderConfig` with ``type: Literal["name"]``, and its class, decorated with
+``@register(ItsConfig)``, which makes the name known both to :func:`create_provider` and to the
+configuration loader (a pool's ``provider`` block). The registry line is the module's import in
+:mod:`manager.providers`.
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from dnslb.clock import Clock, SystemClock
+from dnslb.config import PluginConfig, plugin_name
 from dnslb.errors import DnslbError
 
 
@@ -27,6 +34,12 @@ class ProviderError(DnslbError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class ProviderConfig(PluginConfig):
+    """A pool's ``provider`` block: the configuration of one registered provider."""
+
+    __slots__ = ()
 
 
 class InstanceStatus(StrEnum):
@@ -105,13 +118,23 @@ class Provider(ABC):
         """Release connections; by default nothing to do."""
 
 
-_REGISTRY: dict[str, Callable[[Any, ProviderContext], Provider]] = {}
+_REGISTRY: dict[str, type[Provider]] = {}
+_ProviderT = TypeVar("_ProviderT", bound=type[Provider])
 
 
-def register(kind: str) -> Callable[[type[Provider]], type[Provider]]:
-    """Class decorator: make a provider available under ``kind``."""
+def register(config: type[ProviderConfig]) -> Callable[[_ProviderT], _ProviderT]:
+    """Class decorator: make a provider available under its configuration's ``type``.
 
-    def decorate(cls: type[Provider]) -> type[Provider]:
+    ``config`` is registered in :class:`ProviderConfig` too, so that a pool's ``provider`` block
+    accepts it: the provider's one registration.
+    """
+
+    def decorate(cls: _ProviderT) -> _ProviderT:
+        kind = plugin_name(config)
+        known = _REGISTRY.get(kind)
+        if known is not None and known is not cls:
+            raise TypeError(f"{cls.__name__}: provider {kind!r} is already {known.__qualname__}")
+        ProviderConfig.register(config)
         cls.kind = kind
         _REGISTRY[kind] = cls
         return cls
@@ -119,7 +142,8 @@ def register(kind: str) -> Callable[[type[Provider]], type[Provider]]:
     return decorate
 
 
-def provider_class(kind: str) -> Callable[[Any, ProviderContext], Provider]:
+def provider_class(kind: str) -> type[Provider]:
+    """The provider registered as ``kind``; :class:`ProviderError` lists the known ones."""
     try:
         return _REGISTRY[kind]
     except KeyError:
@@ -128,6 +152,6 @@ def provider_class(kind: str) -> Callable[[Any, ProviderContext], Provider]:
         ) from None
 
 
-def create_provider(config: Any, context: ProviderContext) -> Provider:
+def create_provider(config: ProviderConfig, context: ProviderContext) -> Provider:
     """The provider a pool's ``provider`` block names (its ``type``)."""
     return provider_class(config.type)(config, context)

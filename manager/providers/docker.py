@@ -52,6 +52,7 @@ from manager.providers.base import (
     InstanceStatus,
     LaunchRequest,
     Provider,
+    ProviderConfig,
     ProviderContext,
     ProviderError,
     register,
@@ -84,7 +85,7 @@ _API_VERSION = re.compile(r"^1\.\d+$")
 
 
 @dataclass(frozen=True, slots=True)
-class DockerProviderConfig:
+class DockerProviderConfig(ProviderConfig):
     """Servers as containers of a Docker Engine, made through its API (the compose lab)."""
 
     type: Literal["docker"]
@@ -403,7 +404,7 @@ def _demultiplex(raw: bytes) -> bytes:
     return bytes(out) if offset == len(raw) else raw
 
 
-@register("docker")
+@register(DockerProviderConfig)
 class DockerProvider(Provider):
     """See the module docstring. ``transport`` replaces the unix socket (tests)."""
 

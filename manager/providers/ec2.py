@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import logging
 import random
 import threading
@@ -36,15 +37,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionClosedError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    ReadTimeoutError,
-)
-
 from dnslb.config import setting
 from dnslb.tokens import token_hash
 from manager.providers.base import (
@@ -52,11 +44,39 @@ from manager.providers.base import (
     InstanceStatus,
     LaunchRequest,
     Provider,
+    ProviderConfig,
     ProviderContext,
     ProviderError,
     register,
 )
 from manager.providers.userdata import render_user_data, template_problems
+
+if TYPE_CHECKING:
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectionClosedError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
+else:
+    try:
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
+    except ModuleNotFoundError:  # the ec2 extra is not installed: a pool of ours says so (below)
+
+        class _BotocoreAbsent(Exception):
+            """Never raised: stands in for botocore's errors in except clauses."""
+
+        BotoCoreError = ClientError = ConnectionClosedError = _BotocoreAbsent
+        ConnectTimeoutError = EndpointConnectionError = ReadTimeoutError = _BotocoreAbsent
 
 if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client
@@ -141,7 +161,7 @@ class LaunchTemplateRef:
 
 
 @dataclass(frozen=True, slots=True)
-class Ec2ProviderConfig:
+class Ec2ProviderConfig(ProviderConfig):
     """Servers as EC2 instances (boto3; credentials from its standard chain)."""
 
     type: Literal["ec2"]
@@ -196,6 +216,8 @@ class Ec2ProviderConfig:
     )
 
     def config_problems(self) -> Iterator[str]:
+        if importlib.util.find_spec("boto3") is None:
+            yield "the ec2 provider needs boto3: pip install 'dnslb[ec2]'"
         if self.launch_template is None:
             if self.ami is None:
                 yield "ami: needed without a launch_template"
@@ -228,7 +250,7 @@ def client_token(server_id: str, instance_type: str | None, subnet: str | None) 
     return "dnslb-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:48]
 
 
-@register("ec2")
+@register(Ec2ProviderConfig)
 class Ec2Provider(Provider):
     config: Ec2ProviderConfig
 

@@ -66,6 +66,7 @@ from manager.providers.base import (
     InstanceStatus,
     LaunchRequest,
     Provider,
+    ProviderConfig,
     ProviderContext,
     ProviderError,
     register,
@@ -81,7 +82,7 @@ _STAGING_SUFFIX = ".new"
 
 
 @dataclass(frozen=True, slots=True)
-class LocalProviderConfig:
+class LocalProviderConfig(ProviderConfig):
     """Cache servers run as local nginx + agent processes on loopback addresses."""
 
     type: Literal["local"]
@@ -281,7 +282,7 @@ def _alive(groups: set[int], pids: set[int]) -> list[int]:
 # -- the provider ------------------------------------------------------------------------------
 
 
-@register("local")
+@register(LocalProviderConfig)
 class LocalProvider(Provider):
     def __init__(self, config: LocalProviderConfig, context: ProviderContext) -> None:
         super().__init__(config, context)

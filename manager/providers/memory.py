@@ -1,16 +1,19 @@
 """The ``memory`` provider: servers that exist only in this process, for tests and dry runs.
 
-It keeps real state (instances, their boot time on the manager's clock, termination), survives a
-manager restart inside the same process (instances are kept per state directory, like a cloud
-account), and can be told to fail launches. Its servers run nothing: whatever should report for
-them (a test) reports with the token it was given (``agent_tokens``).
+It keeps real state (instances, their boot time on the manager's clock, termination) in its
+:class:`MemoryAccount`, and can be told to fail launches. Its servers run nothing: whatever should
+report for them (a test) reports with the token it was given (``agent_tokens``).
+
+Each provider starts with an account of its own: nothing is shared between providers, managers
+or tests. A cloud account outlives a manager process; a test that restarts the manager hands the
+old provider's ``account`` to the new one, and the new manager finds its servers again.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
-from typing import ClassVar, Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from dnslb.config import setting
 from dnslb.tokens import token_hash
@@ -19,13 +22,15 @@ from manager.providers.base import (
     InstanceStatus,
     LaunchRequest,
     Provider,
+    ProviderConfig,
+    ProviderContext,
     ProviderError,
     register,
 )
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryProviderConfig:
+class MemoryProviderConfig(ProviderConfig):
     """Servers kept in memory (tests, dry runs)."""
 
     type: Literal["memory"]
@@ -45,18 +50,28 @@ class _Machine:
     token: str
 
 
-@register("memory")
-class MemoryProvider(Provider):
-    accounts: ClassVar[dict[str, dict[str, _Machine]]] = {}
-    _numbers = itertools.count(1)
+@dataclass
+class MemoryAccount:
+    """The servers of a memory provider (by ref) and the numbers its next ones take."""
 
-    def __init__(self, config: MemoryProviderConfig, context: object) -> None:
-        super().__init__(config, context)  # type: ignore[arg-type]
-        self.machines = self.accounts.setdefault(str(self.context.state_dir), {})
+    machines: dict[str, _Machine] = field(default_factory=dict)
+    numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+@register(MemoryProviderConfig)
+class MemoryProvider(Provider):
+    def __init__(self, config: MemoryProviderConfig, context: ProviderContext) -> None:
+        super().__init__(config, context)
+        self.account = MemoryAccount()
         self.failures_left = config.fail_launches
         self.terminate_failures_left = config.fail_terminations
         self.broken_left = config.broken_launches
         self.calls: list[str] = []
+
+    @property
+    def machines(self) -> dict[str, _Machine]:
+        """The account's servers by ref (a test may remove one behind the manager's back)."""
+        return self.account.machines
 
     @property
     def agent_tokens(self) -> dict[str, str]:
@@ -74,7 +89,7 @@ class MemoryProvider(Provider):
         if self.failures_left > 0:
             self.failures_left -= 1
             raise ProviderError("launch refused (memory provider told to fail)")
-        number = next(self._numbers)
+        number = next(self.account.numbers)
         instance = Instance(
             ref=f"mem-{number}",
             status=InstanceStatus.PENDING,

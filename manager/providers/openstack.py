@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from manager.providers.base import (
     InstanceStatus,
     LaunchRequest,
     Provider,
+    ProviderConfig,
     ProviderContext,
     ProviderError,
     register,
@@ -70,7 +72,7 @@ _GONE = frozenset({"DELETED", "SOFT_DELETED"})
 
 
 @dataclass(frozen=True, slots=True)
-class OpenStackProviderConfig:
+class OpenStackProviderConfig(ProviderConfig):
     """Servers as OpenStack Nova servers (openstacksdk; credentials from clouds.yaml or OS_*)."""
 
     type: Literal["openstack"]
@@ -111,6 +113,8 @@ class OpenStackProviderConfig:
     )
 
     def config_problems(self) -> Iterator[str]:
+        if importlib.util.find_spec("openstack") is None:
+            yield "the openstack provider needs openstacksdk: pip install 'dnslb[openstack]'"
         if not self.networks:
             yield "networks: at least one network is needed"
         for key in self.metadata:
@@ -137,7 +141,7 @@ class _Resolved:
     network_ids: tuple[str, ...]
 
 
-@register("openstack")
+@register(OpenStackProviderConfig)
 class OpenStackProvider(Provider):
     config: OpenStackProviderConfig
 

@@ -15,19 +15,20 @@ from manager.providers.base import (
     InstanceStatus,
     LaunchRequest,
     Provider,
+    ProviderConfig,
     ProviderError,
     register,
 )
 
 
 @dataclass(frozen=True, slots=True)
-class StaticProviderConfig:
+class StaticProviderConfig(ProviderConfig):
     """A fixed set of servers: the pool's ``members``."""
 
     type: Literal["static"] = setting("static", help="static")
 
 
-@register("static")
+@register(StaticProviderConfig)
 class StaticProvider(Provider):
     can_launch = False
 

@@ -397,7 +397,7 @@ class ClusterLab:
             [
                 PYTHON,
                 "-m",
-                "dnslb",
+                "cli",
                 "node-agent",
                 "--cluster",
                 "lab",

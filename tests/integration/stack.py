@@ -29,8 +29,7 @@ import dns.rcode
 import dns.rdatatype
 
 from daemons.pdns import PdnsServer, PdnsSettings
-from daemons.process import log_tail, stop_group
-from tests.conftest import free_port
+from daemons.process import free_port, http_answers, spawn, stop_group
 
 AGENT_TOKEN = "integration-agent-token-0123456789"
 
@@ -154,35 +153,23 @@ class ManagerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         text = self.config + f"\nhttp: {{port: {self.port}}}\n"
         (self.workdir / "manager.yaml").write_text(text)
-        env = {**os.environ, "DNSLB_AGENT_TOKEN": AGENT_TOKEN}
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dnslb",
-                    "manager",
-                    "--config",
-                    str(self.workdir / "manager.yaml"),
-                    "--log-level",
-                    os.environ.get("DNSLB_TEST_LOG", "info"),
-                ],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"manager exited:\n{log_tail(self.log_path, 40)}")
-            try:
-                urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"manager did not answer:\n{log_tail(self.log_path, 40)}")
+        self.process = spawn(
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "manager",
+                "--config",
+                str(self.workdir / "manager.yaml"),
+                "--log-level",
+                os.environ.get("DNSLB_TEST_LOG", "info"),
+            ],
+            name="manager",
+            ready=lambda _: http_answers(f"{self.url}/healthz"),
+            log=self.log_path,
+            timeout=timeout,
+            env={**os.environ, "DNSLB_AGENT_TOKEN": AGENT_TOKEN},
+        )
 
     def stop(self) -> int | None:
         """SIGTERM (a clean stop) and wait; returns the exit status."""
@@ -262,11 +249,10 @@ def events(manager: ManagerProcess) -> list[dict[str, Any]]:
 
     with sqlite3.connect(manager.workdir / "state.db") as db:
         rows = db.execute(
-            "SELECT time, kind, pool, server, reason FROM events ORDER BY id"
+            "SELECT time, kind, pool, server, reason, from_state, to_state FROM events ORDER BY id"
         ).fetchall()
-    return [
-        dict(zip(("time", "kind", "pool", "server", "reason"), row, strict=True)) for row in rows
-    ]
+    names = ("time", "kind", "pool", "server", "reason", "from_state", "to_state")
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> float | None:

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from daemons.nginx import NginxServer, NginxSettings
-from daemons.process import stop_group
+from daemons.process import free_port, stop_group
 from dnslb.agent_config import AgentConfig, NginxSourceConfig, agent_command
 from dnslb.config import dump_config, resolve_secret
 from dnslb.report import parse_report
-from tests.conftest import free_port
 from tests.http_servers import Receiver
 
 pytestmark = [

@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from daemons.process import free_port
 from tests.api_support import ADMIN, AGENT, READ, bearer, report_body, wait_for, write_config
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
-DNSLB = [sys.executable, "-m", "dnslb"]
+DNSLB = [sys.executable, "-m", "cli"]
 
 
 class Process:

@@ -9,10 +9,11 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
+from daemons.process import free_port
 from tests.integration.stack import (
     ManagerProcess,
     Origin,
@@ -138,7 +139,7 @@ def test_scale_out_and_in_with_no_failed_request(tmp_path: Path) -> None:
             clients = Clients(pdns.settings.port, http_port)
             # Wait for the first server (min_servers) to serve, and to be in the answers. (Until
             # then the pool is empty: pdns caches that for negquery-cache-ttl, 5 s.)
-            assert wait_for_event(manager, lambda e: "warming -> active" in e["reason"], 30)
+            assert wait_for_event(manager, lambda e: "warming -> active" in change(e), 30)
             probe = Resolver(pdns.settings.port)
             assert wait_until(lambda: all(probe.ask("www.example.test")[0] for _ in range(5)), 15)
             clients.scale_to(10)  # 10 closed-loop clients, 8 requests/s: they queue, u ~ 10/4
@@ -146,9 +147,7 @@ def test_scale_out_and_in_with_no_failed_request(tmp_path: Path) -> None:
             assert launched
             grown = wait_for_event(
                 manager,
-                lambda e: (
-                    "warming -> active" in e["reason"] and e["server"] != first_server(manager)
-                ),
+                lambda e: "warming -> active" in change(e) and e["server"] != first_server(manager),
                 30,
             )
             assert grown, (
@@ -157,9 +156,9 @@ def test_scale_out_and_in_with_no_failed_request(tmp_path: Path) -> None:
             time.sleep(6)  # load spreads over the new servers
             served_by = set(clients.addresses)
             clients.scale_to(1)  # load drops: a server is drained, then terminated
-            drained = wait_for_event(manager, lambda e: "active -> draining" in e["reason"], 40)
+            drained = wait_for_event(manager, lambda e: "active -> draining" in change(e), 40)
             terminated = wait_for_event(
-                manager, lambda e: "draining -> terminated" in e["reason"], 40
+                manager, lambda e: "draining -> terminated" in change(e), 40
             )
             clients.stop()
             print(
@@ -190,6 +189,13 @@ def test_scale_out_and_in_with_no_failed_request(tmp_path: Path) -> None:
 
 def first_server(manager: ManagerProcess) -> str | None:
     for event in events(manager):
-        if "warming -> active" in event["reason"]:
+        if "warming -> active" in change(event):
             return str(event["server"])
     return None
+
+
+def change(event: dict[str, Any]) -> str:
+    """An event as ``from -> to: reason`` (a state change) or its reason."""
+    if event.get("to_state") is None:
+        return str(event["reason"])
+    return f"{event['from_state']} -> {event['to_state']}: {event['reason']}"

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from daemons.process import live_group_members, stop_group
+from daemons.process import free_port, live_group_members, spawn, stop_group
 from dnslb.agent_config import AgentConfig, NginxSourceConfig
 from dnslb.config import Secret, dump_config
 from dnslb.report import parse_report
-from tests.conftest import free_port
 from tests.http_servers import Receiver
 
 pytestmark = [
@@ -37,16 +36,13 @@ TOKEN = "cache-server-test-token-1234"
 @pytest.fixture
 def origin(tmp_path: Path) -> Iterator[int]:
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dnslb", "origin", "--port", str(port), "--objects", "5"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    process = spawn(
+        [sys.executable, "-m", "cli", "origin", "--port", str(port), "--objects", "5"],
+        name="origin",
+        ready=lambda _: get("127.0.0.1", port, "/healthz")[0] == 200,
+        log=tmp_path / "origin.log",
+        timeout=10,
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and get("127.0.0.1", port, "/healthz")[0] != 200:
-        time.sleep(0.05)
     yield port
     stop_group(process)
 
@@ -88,7 +84,7 @@ def cache_server(
     command = [
         sys.executable,
         "-m",
-        "dnslb",
+        "cli",
         "cache-server",
         "--agent-config",
         str(tmp_path / "agent.yaml"),
@@ -177,7 +173,7 @@ def test_a_port_in_use_is_one_clear_line_and_status_1(tmp_path: Path, receiver: 
             [
                 sys.executable,
                 "-m",
-                "dnslb",
+                "cli",
                 "cache-server",
                 "--agent-config",
                 str(tmp_path / "agent.yaml"),

@@ -18,13 +18,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from daemons.process import free_port
 from dnslb.errors import ConfigError
+from dnslb.model import ServerState
+from lab.history import EVENTS_FILE, read_events
 from lab.loadtest.run import LoadTest, run_loadtest
 from lab.loadtest.shape import StepLoad
 from lab.report import load_run, write_report
 from lab.runner import Lab
 from lab.settings import LabSettings, default_scaling, with_policy
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +89,15 @@ def test_lab_loadtest_report_and_nothing_left(tmp_path: Path) -> None:
     finally:
         lab.stop()
     assert processes_naming(settings.workdir) == []
+    # The manager's events and servers, kept through its API while it ran: the report reads them
+    # after the lab has stopped (and never opens the state database).
+    kept = read_events(settings.workdir / EVENTS_FILE)
+    assert [event.id for event in kept] == sorted({event.id for event in kept})
+    became_active = [e for e in kept if e.to_state is ServerState.ACTIVE]
+    assert became_active and all(e.from_state is not None for e in became_active)
     run = load_run(settings.workdir, out)
+    assert any(state == "active" for span in run.servers for _, state in span.states)
+    assert all(span.address.startswith("127.0.6.") for span in run.servers)
     result = write_report(run, tmp_path / "report", name="smoke")
     print(f"smoke: {result}; {time.monotonic() - started:.0f} s")
 
@@ -107,6 +117,11 @@ def test_lab_loadtest_report_and_nothing_left(tmp_path: Path) -> None:
         assert data.startswith(b"\x89PNG") and len(data) > 5000, plot
     page = (tmp_path / "report" / "report.html").read_text()
     assert "utilization.png" in page and f"{result.requests}" in page
+    # State changes in the window are shown with their states and reasons (the first server
+    # may have become active before the load test started: then there is none to show).
+    changes = [e for e in kept if e.kind == "state" and run.start <= e.time <= run.end]
+    for change in changes:
+        assert f"{change.from_state} -&gt; {change.to_state}: " in page
 
 
 def test_the_lab_command_serves_the_api_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
@@ -114,7 +129,7 @@ def test_the_lab_command_serves_the_api_and_stops_everything_on_ctrl_c(tmp_path:
     command = [
         sys.executable,
         "-m",
-        "dnslb",
+        "cli",
         "lab",
         "--workdir",
         str(settings.workdir),
@@ -160,6 +175,8 @@ def test_the_lab_command_serves_the_api_and_stops_everything_on_ctrl_c(tmp_path:
 
     # Run again: --keep-state goes on with the same state database, a plain run starts clean.
     first_events = event_count(settings.workdir)
+    first_kept = [event.id for event in read_events(settings.workdir / EVENTS_FILE)]
+    assert first_kept and len(first_kept) <= first_events  # all, but what stopping it logged
     once = [*command, "--once"]
     kept = subprocess.run(
         [*once, "--keep-state"], check=False, capture_output=True, text=True, timeout=90
@@ -167,6 +184,9 @@ def test_the_lab_command_serves_the_api_and_stops_everything_on_ctrl_c(tmp_path:
     assert kept.returncode == 0, kept.stdout + kept.stderr
     kept_events = event_count(settings.workdir)
     assert kept_events > first_events
+    ids = [event.id for event in read_events(settings.workdir / EVENTS_FILE)]
+    assert ids[: len(first_kept)] == first_kept and ids == sorted(set(ids))  # goes on, each once
+    assert len(ids) > len(first_kept)
     clean = subprocess.run(once, check=False, capture_output=True, text=True, timeout=90)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert event_count(settings.workdir) < kept_events
@@ -216,7 +236,7 @@ def test_a_port_in_use_is_refused_with_the_option_to_change(tmp_path: Path) -> N
             [
                 sys.executable,
                 "-m",
-                "dnslb",
+                "cli",
                 "lab",
                 "--once",
                 "--workdir",

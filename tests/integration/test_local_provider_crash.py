@@ -23,10 +23,9 @@ import psutil
 import pytest
 
 import manager.providers.local as local
-from daemons.process import port_free
+from daemons.process import free_port, port_free
 from manager.providers.base import InstanceStatus, LaunchRequest, ProviderContext
 from manager.providers.local import LocalProvider, LocalProviderConfig
-from tests.conftest import free_port
 from tests.integration.stack import ManagerProcess, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -17,10 +17,9 @@ import pytest
 from agents.sources.base import Reading
 from agents.sources.nginx_status import NginxStatusSource
 from daemons.nginx import NginxServer, NginxSettings
-from daemons.process import live_group_members
+from daemons.process import free_port, live_group_members
 from dnslb.agent_config import NginxSourceConfig
 from dnslb.errors import ProcessError
-from tests.conftest import free_port
 from tests.http_servers import SlowOrigin
 
 pytestmark = [

@@ -50,7 +50,7 @@ def agent_argv(*extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "dnslb",
+        "cli",
         "node-agent",
         "--cluster",
         "lab",

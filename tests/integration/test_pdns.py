@@ -20,7 +20,8 @@ import dns.zone
 import pytest
 
 from daemons.pdns import PdnsServer, PdnsSettings
-from tests.conftest import free_port, plan_doc, write_plan
+from daemons.process import free_port
+from tests.conftest import plan_doc, write_plan
 
 pytestmark = [
     pytest.mark.integration,
@@ -168,6 +169,10 @@ def test_a_corrupt_plan_leaves_the_last_good_plan_served(pdns: Dns) -> None:
         addresses, _ = pdns.addresses()
         assert len(addresses) == 2 and set(addresses) <= set(TTLS)
     assert "not loaded" in pdns.server.log_tail(200)
+    # The coprocesses keep their copy in their state directory, nothing beside the plan.
+    [kept] = (pdns.server.workdir / "pipe-backend").iterdir()
+    assert kept.name.startswith("last-good-")
+    assert sorted(path.name for path in pdns.plan_path.parent.iterdir()) == ["pdns", "plan.json"]
 
 
 def test_zone_transfer_lists_the_zone(pdns: Dns) -> None:

@@ -19,7 +19,7 @@ import dns.query
 import pytest
 
 from daemons.pdns import PdnsServer, PdnsSettings, render_config
-from daemons.process import stop_group
+from daemons.process import free_port, spawn, stop_group
 from dnslb.errors import ConfigError
 from dnslb.plan import parse_plan
 from dnslb.plan_store import FilePlanStore, RedisPlanStore, open_store
@@ -30,9 +30,10 @@ from dnslb.resp import (
     RedisError,
     RedisProtocolError,
     RedisTimeoutError,
+    redis_answers,
 )
 from pipe_backend.backend import PipeBackend
-from tests.conftest import free_port, plan_doc
+from tests.conftest import plan_doc
 
 pytestmark = [
     pytest.mark.integration,
@@ -56,21 +57,12 @@ class Redis:
         args += ["--appendonly", "no", "--dir", str(self.workdir)]
         if self.password:
             args += ["--requirepass", self.password]
-        self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        self.process = spawn(
+            args,
+            name="redis-server",
+            ready=lambda _: redis_answers(RedisAddress(port=self.port, password=self.password)),
+            timeout=10,
         )
-        address = RedisAddress(port=self.port, password=self.password)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            connection = RedisConnection(address)
-            try:
-                connection.command("PING")
-                return
-            except OSError:
-                time.sleep(0.05)
-            finally:
-                connection.close()
-        raise RuntimeError("redis-server did not start")
 
     def stop(self) -> None:
         process, self.process = self.process, None

@@ -105,6 +105,6 @@ class CloudLab:
 
     def events(self, kind: str) -> list[str]:
         return [
-            f"{e.server}: {e.reason}"
+            f"{e.server}: {e.summary}"
             for e in reversed(self.manager.store.events(kinds=[kind], limit=500))
         ]

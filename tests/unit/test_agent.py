@@ -19,11 +19,11 @@ import pytest
 from agents.agent import Agent, backoff_delay
 from agents.manager_client import ManagerClient
 from agents.sources import Reading, Source, create_source
+from daemons.process import free_port
 from dnslb.agent_config import AgentConfig, JsonSourceConfig, NginxSourceConfig, SourceConfig
 from dnslb.clock import FakeClock
 from dnslb.config import Secret
 from dnslb.report import parse_report
-from tests.conftest import free_port
 from tests.http_servers import Receiver
 
 TOKEN = "t0ken-that-must-never-be-logged"

@@ -453,6 +453,12 @@ def test_admin_actions_change_the_next_plan(tmp_path: Path) -> None:
             assert (await act("s3", "drain", "retire"))["state"] == "draining"
             events = (await api.get("/v1/events", params={"server": "s2"})).json()["events"]
             assert any("operator: bad disk" in e["reason"] for e in events if e["kind"] == "state")
+            changes = [
+                (e["from_state"], e["to_state"]) for e in reversed(events) if e["kind"] == "state"
+            ]
+            assert ("active", "disabled") in changes and ("disabled", "warming") in changes
+            others = [e for e in events if e["kind"] != "state"]
+            assert others and all(e["from_state"] is e["to_state"] is None for e in others)
 
     run(tmp_path, scenario)
 

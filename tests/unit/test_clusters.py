@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from dnslb.config import checked
 from dnslb.dispatch import BucketTable, moved_buckets, parse_table_json, quotas
 from dnslb.errors import ConfigError, ProtocolError
 from dnslb.report import Report, TableHeld
@@ -72,7 +73,7 @@ def settings(**changes: object) -> ClusterSettings:
         bucket_count=256,
         min_rebuild_interval=1.0,
     )
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return checked(replace(base, **changes), "cluster")  # type: ignore[arg-type]
 
 
 class Cluster:
@@ -384,6 +385,24 @@ def test_a_replayed_report_is_ignored():
 def test_bad_settings_are_config_errors(changes, problem):
     with pytest.raises(ConfigError, match=problem):
         settings(**changes)
+
+
+def test_the_controller_takes_only_valid_settings_and_lists_every_problem():
+    bad = replace(
+        settings(),
+        name="vip\n1",
+        failover_after=0.0,
+        nodes=(ClusterNode("n\t1", "http://a", "t" * 20, max_concurrency=0),),
+    )
+    with pytest.raises(ConfigError) as caught:
+        ClusterController(bad, FakeAgents(), FakeClock())
+    assert caught.value.what == "cluster vip\n1"
+    assert [problem.split(":")[0] for problem in caught.value.problems] == [
+        "nodes[0].max_concurrency",
+        "nodes[0]",  # node id 'n\t1'
+        "failover_after",
+        "name",
+    ]
 
 
 # --- hostile nodes (issue 14) ------------------------------------------------------------------

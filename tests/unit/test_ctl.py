@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cli.ctl import EXIT_AUTH, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+from cli.ctl import EXIT_AUTH, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, show_events
 from cli.main import main
+from daemons.process import free_port
 from tests.api_support import ADMIN, AGENT, READ, RunningManager, running_manager
-from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +137,32 @@ def test_token_sources(
     missing = ["ctl", "--url", manager.url, "--token-file", str(tmp_path / "none"), "pools"]
     assert main(missing) == EXIT_USAGE
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_events_show_a_state_change_by_its_states() -> None:
+    def event(
+        number: int, kind: str, change: tuple[str, str] | None, reason: str
+    ) -> dict[str, Any]:
+        before, after = change or (None, None)
+        return {
+            "id": number,
+            "time": 1_700_000_000.0 + number,
+            "kind": kind,
+            "pool": "www",
+            "server": "s1" if change else None,
+            "from_state": before,
+            "to_state": after,
+            "reason": reason,
+        }
+
+    page = {
+        "events": [
+            event(2, "state", ("warming", "active"), "reporting"),
+            event(1, "scale_out", None, "1: mean utilization 0.90"),
+        ],
+        "next_before_id": None,
+    }
+    header, change, scale = show_events(page).splitlines()
+    assert header.split() == ["ID", "TIME", "KIND", "POOL", "SERVER", "CHANGE", "REASON"]
+    assert "s1" in change and "warming -> active" in change and change.endswith("reporting")
+    assert " - " in scale and scale.endswith("1: mean utilization 0.90")

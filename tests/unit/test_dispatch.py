@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dnslb.config import checked, problems_of
 from dnslb.dispatch import (
     BucketTable,
     build_table,
@@ -23,7 +24,7 @@ from dnslb.dispatch import (
     table_to_dict,
     table_to_json,
 )
-from dnslb.errors import ProtocolError
+from dnslb.errors import ConfigError, ProtocolError
 from dnslb.jhash import nft_bucket
 
 NODE_IDS = [f"node-{index}" for index in range(8)]
@@ -338,9 +339,23 @@ def test_single_node_table_has_no_backups():
     assert table.shares() == {"a": 2}
 
 
-def test_constructing_an_invalid_table_raises():
-    with pytest.raises(ValueError, match="backup is the active node"):
-        BucketTable("vip", 1, 0, (("a", "a"),))
+def test_a_table_built_in_code_is_checked_by_the_settings_idiom():
+    with pytest.raises(ConfigError, match="backup is the active node"):
+        checked(BucketTable("vip", 1, 0, (("a", "a"),)))
+    with pytest.raises(ConfigError) as caught:
+        checked(BucketTable("vip\n1", -1, 2**32, (("a", None), ("b", "a"))))
+    assert caught.value.problems == [
+        "version: must be at least 0, not -1",
+        "seed: must be at most 4294967295, not 4294967296",
+        "cluster: holds the control or surrogate character '\\n'",
+        "buckets: backup may be null only when the table has a single node",
+    ]  # the fields' bounds, then the rules across fields
+    assert problems_of(BucketTable("vip", 1, 0, (("a", "b"), ("b", "a")))) == []
+
+
+def test_build_table_refuses_a_cluster_name_tables_cannot_carry():
+    with pytest.raises(ConfigError, match="cluster"):
+        build_table("vip\n1", {"a": 1.0}, version=1, seed=0)
 
 
 def test_backup_only_nodes_have_a_zero_share():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -698,3 +699,16 @@ def test_missing_credentials_and_profiles_are_clear_errors(
     no_profile = make_provider(base + ", profile: nonesuch}", tmp_path)
     with pytest.raises(ProviderError, match="nonesuch"):
         asyncio.run(no_profile.list_owned())
+
+
+def test_a_manager_without_the_ec2_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The module imports without boto3 (the manager loads every provider to know its config);
+    # a pool that uses it is refused at config time with the extra to install.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "boto3" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"pip install 'dnslb\[ec2\]'"):
+        parse_config("{type: ec2, region: eu-west-1, ami: ami-1}", Ec2ProviderConfig)

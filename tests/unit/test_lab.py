@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dnslb.config import parse_config
+from dnslb.config import parse_config, problems_of
+from dnslb.errors import ConfigError
 from evaluation.columns import ResponseStats, paper_columns
 from lab.objects import ObjectCatalog
 from lab.origin import body_of
 from lab.records import Record, RecordWriter, read_records
 from lab.report import LabRun, ServerSpan, measure, series, state_at
-from lab.runner import LabInfo
+from lab.runner import Lab, LabInfo
 from lab.settings import LabSettings, manager_config, with_policy
 from manager.config import ManagerConfig
 from manager.providers.local import LocalProviderConfig
@@ -62,7 +63,7 @@ def settings(**changes: object) -> LabSettings:
 
 def test_default_settings_are_valid_and_calibrated() -> None:
     lab = settings()
-    assert list(lab.problems()) == []
+    assert problems_of(lab) == []
     assert lab.mean_service_time == pytest.approx(0.5)
     assert lab.dns_name == "www.lab.test"
 
@@ -70,25 +71,41 @@ def test_default_settings_are_valid_and_calibrated() -> None:
 @pytest.mark.parametrize(
     ("changes", "problem"),
     [
-        ({"dns_port": 0}, "--dns-port 0: must be 1 to 65535"),
-        ({"api_port": 5300}, "--api-port 5300: the same port as --dns-port"),
-        ({"network": "10.0.1"}, "--network 10.0.1: must be on loopback"),
-        ({"network": "127.0.0"}, "--network 127.0.0: taken"),
-        ({"network": "127.0"}, "--network '127.0': must be three octets"),
-        ({"boot_delay": -1.0}, "--boot-delay -1: must be 0 or more"),
+        ({"dns_port": 0}, "dns_port: must be at least 1, not 0"),
+        ({"http_port": 65536}, "http_port: must be at most 65535, not 65536"),
+        ({"api_port": 5300}, "api_port 5300: the same port as dns_port"),
+        ({"network": "10.0.1"}, "network 10.0.1: must be on loopback"),
+        ({"network": "127.0.0"}, "network 127.0.0: taken"),
+        ({"network": "127.0"}, "network '127.0': must be three octets"),
+        ({"boot_delay": -1.0}, "boot_delay: must be at least 0.0, not -1.0"),
+        ({"capacity_rps": 0.0}, "capacity_rps 0: must be above 0"),
         ({"objects": ObjectCatalog(mean_size=1000)}, "object mean size 1000 must exceed"),
+        ({"objects": ObjectCatalog(count=0)}, "objects.count: must be at least 1, not 0"),
     ],
-    ids=["port", "same-port", "not-loopback", "lab-network", "octets", "boot", "sizes"],
+    ids=[
+        "port",
+        "port-high",
+        "same-port",
+        "not-loopback",
+        "lab-network",
+        "octets",
+        "boot",
+        "capacity",
+        "sizes",
+        "catalog",
+    ],
 )
-def test_bad_settings_name_the_option(changes: dict[str, object], problem: str) -> None:
-    problems = list(settings(**changes).problems())
+def test_bad_settings_name_the_field(changes: dict[str, object], problem: str) -> None:
+    problems = problems_of(settings(**changes))
     assert any(p.startswith(problem) for p in problems), problems
 
 
 def test_a_bad_policy_is_found_before_the_manager_starts() -> None:
-    problems = list(with_policy(settings(), ttl_min=100).problems())
+    problems = problems_of(with_policy(settings(), ttl_min=100))
     assert problems == ["policy: ttl_min (100) must not exceed ttl_max (60)"]
-    assert list(with_policy(settings(), k=0).problems()) == ["--k: must be at least 1, not 0"]
+    assert problems_of(with_policy(settings(), k=0)) == ["policy.k: must be at least 1, not 0"]
+    with pytest.raises(ConfigError, match=r"policy\.k: must be at least 1"):
+        Lab(with_policy(settings(), k=0), say=lambda text: None).start()
 
 
 def test_the_generated_manager_config_loads_as_the_manager_loads_it(tmp_path: Path) -> None:

@@ -37,11 +37,6 @@ pools:
 """
 
 
-@pytest.fixture(autouse=True)
-def fresh_cloud() -> None:
-    MemoryProvider.accounts.clear()
-
-
 class Lab:
     def __init__(self, tmp_path: Path, config: str = CONFIG) -> None:
         self.path = tmp_path / "manager.yaml"
@@ -57,9 +52,12 @@ class Lab:
         return provider
 
     async def restart(self) -> None:
-        """The manager process ends (its tasks with it) and a new one starts."""
+        """The manager process ends (its tasks with it) and a new one starts; the cloud
+        account, with the servers in it, outlives it."""
+        account = self.provider.account
         await self.manager.close()
         self.manager = Manager(load_manager_config(self.path), clock=self.clock)
+        self.provider.account = account
 
     def servers(self, *states: ServerState) -> list[str]:
         return sorted(
@@ -103,7 +101,7 @@ class Lab:
 
     def events(self, kind: str) -> list[str]:
         return [
-            f"{e.server}: {e.reason}"
+            f"{e.server}: {e.summary}"
             for e in reversed(self.manager.store.events(kinds=[kind], limit=500))
         ]
 

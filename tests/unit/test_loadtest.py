@@ -3,6 +3,7 @@ locust command line, the experiments' cases (locust itself runs in tests/integra
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -10,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from dnslb.config import parse_config
+from dnslb.config import parse_config, problems_of
+from dnslb.errors import ConfigError
 from dnslb.policy import PoolPolicy
 from lab.experiments import CASES, NEVER, ExperimentPlan, plain
 from lab.loadtest.resolver import Answer, CachingResolver, LookupFailed, choose, server_address
-from lab.loadtest.run import LoadTest
+from lab.loadtest.run import LoadTest, run_loadtest
 from lab.loadtest.shape import StepLoad
 
 
@@ -89,10 +91,11 @@ def test_the_step_load_rises_in_steps_and_holds() -> None:
     assert load.peak == 25 and load.duration == 140
     wanted = [(0, 10), (29.9, 10), (30, 15), (60, 20), (90, 25), (139, 25), (140, None)]
     assert [(t, load.users_at(t)) for t, _ in wanted] == wanted
-    assert list(StepLoad(start=0, step=0, every=0, count=1).problems()) == [
-        "step time must be above 0, not 0",
+    assert problems_of(StepLoad(start=0, step=0, every=0, count=1)) == [
+        "every: must be above 0, not 0",
         "the load never has a user",
     ]
+    assert problems_of(StepLoad(start=-1)) == ["start: must be at least 0, not -1"]
 
 
 def test_the_locust_command_carries_every_option(tmp_path: Path) -> None:
@@ -113,21 +116,25 @@ def test_the_locust_command_carries_every_option(tmp_path: Path) -> None:
     assert pairs["--connect"] == "random" and pairs["--seed"] == "7"
     assert pairs["--csv"] == str(tmp_path / "locust")
     assert "--headless" in command
-    assert test.problems() == []
+    assert problems_of(test) == []
     bad = LoadTest(
         dns_server="x",
         lb_name="x",
         http_port=1,
         objects=1,
-        load=test.load,
+        load=dataclasses.replace(test.load, every=0),
         out=tmp_path,
         ignore_ttl=2.0,
         think_time=-1,
     )
-    assert bad.problems() == [
-        "--ignore-ttl 2: must be a fraction from 0 to 1",
-        "--think-time -1: must be 0 or more",
+    assert problems_of(bad) == [
+        "load: every: must be above 0, not 0",
+        "think_time: must be at least 0, not -1",
+        "ignore_ttl: must be at most 1, not 2.0",
     ]
+    with pytest.raises(ConfigError, match="3 problems"):
+        run_loadtest(bad)
+    assert list(tmp_path.iterdir()) == []  # refused before anything is written
 
 
 def test_every_experiment_case_is_a_valid_policy() -> None:

@@ -102,7 +102,7 @@ class Lab:
 
     def events(self, kind: str | None = None) -> list[str]:
         events = self.manager.store.events(kinds=[kind] if kind else None, limit=1000)
-        return [f"{e.server}: {e.reason}" for e in reversed(events)]
+        return [f"{e.server}: {e.summary}" for e in reversed(events)]
 
 
 @pytest.fixture

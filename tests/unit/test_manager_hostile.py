@@ -161,7 +161,7 @@ def test_a_refused_plan_is_not_published_nor_claimed(
 
 def test_junk_stats_documents_are_skipped(lab: Lab) -> None:
     stats = lab.tmp_path / ".plan.json.stats"
-    stats.mkdir(exist_ok=True)
+    assert stats.is_dir()  # the manager opened the channel when it published
     documents = [
         {"pools": {"www.example.test": {"s1": ["x", 1]}}},
         {"pools": {"www.example.test": {"s1": [1e400, 1]}}},

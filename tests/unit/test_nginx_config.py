@@ -63,10 +63,10 @@ def test_bad_settings_are_all_reported() -> None:
     with pytest.raises(ConfigError) as caught:
         render_config(settings, "/w")
     assert [p.split(":")[0] for p in caught.value.problems] == [
-        "port",
-        "status_path",
-        "origin",
+        "port",  # the fields' bounds, in their order
         "worker_connections",
+        "status_path",  # then the rules across fields
+        "origin",
     ]
 
 

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,11 @@ from agents.node_agent import (
     NodeAgent,
     NodeAgentConfig,
     heartbeat_loop,
-    read_token,
     run,
+    token_reference,
 )
 from agents.vip_connections import VipLoad
+from dnslb.config import Secret, checked
 from dnslb.dispatch import build_table, table_to_dict, table_to_json
 from dnslb.errors import ConfigError, ProcessError
 from dnslb.report import parse_report
@@ -45,12 +47,12 @@ def config(**changes: Any) -> NodeAgentConfig:
         "cluster": "vip-1",
         "node_id": "n1",
         "vip": VIP,
-        "token": TOKEN,
+        "token": Secret(TOKEN, "env:DNSLB_TEST_TOKEN"),
         "driver": "dry-run",
         "bucket_count": 64,
     }
     values.update(changes)
-    return NodeAgentConfig(**values)
+    return checked(NodeAgentConfig(**values), "node agent")
 
 
 class Served:
@@ -546,7 +548,7 @@ def test_expect_100_continue_is_answered(served: Served):
     ("changes", "problem"),
     [
         pytest.param({"vip": "2001:db8::1"}, "vip:", id="IPv6 VIP"),
-        pytest.param({"token": "short"}, "token:", id="short token"),
+        pytest.param({"token": Secret("short", "env:SHORT")}, "token:", id="short token"),
         pytest.param({"manager_url": "ftp://x"}, "manager_url:", id="bad manager URL"),
         pytest.param({"driver": "ipvs"}, "driver:", id="unknown driver"),
         pytest.param({"bucket_count": 0}, "bucket_count:", id="no buckets"),
@@ -571,7 +573,7 @@ def test_bad_settings_are_config_errors(changes, problem):
 
 def test_every_config_problem_is_reported_together():
     with pytest.raises(ConfigError) as caught:
-        config(vip="nope", token="x", driver="nope")
+        config(vip="nope", token=Secret("x", "env:X"), driver="nope")
     assert len(caught.value.problems) == 3
 
 
@@ -579,19 +581,19 @@ def test_token_is_not_in_the_repr():
     assert TOKEN not in repr(config())
 
 
-def test_token_from_a_file_or_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    assert read_token(str(path), None) == TOKEN
-    monkeypatch.setenv("DNSLB_TEST_TOKEN", TOKEN)
-    assert read_token(None, "DNSLB_TEST_TOKEN") == TOKEN
-    monkeypatch.setenv("DNSLB_EMPTY", " ")
-    with pytest.raises(ConfigError, match="empty"):
-        read_token(None, "DNSLB_EMPTY")
-    with pytest.raises(ConfigError, match="No such file"):
-        read_token(str(tmp_path / "missing"), None)
+def test_the_agent_takes_only_a_valid_config():
+    bad = NodeAgentConfig("vip-1", "n1", "nope", Secret(TOKEN, "env:T"), driver="dry-run")
+    with pytest.raises(ConfigError, match="vip:"):
+        NodeAgent(bad, DryRunDriver(NodeRules(vip=VIP)), lambda: VipLoad(0, None))
+    with pytest.raises(ConfigError, match="vip:"):
+        run(bad, threading.Event())
+
+
+def test_token_reference_from_the_flags():
+    assert token_reference("/etc/dnslb/node.token", None) == "file:/etc/dnslb/node.token"
+    assert token_reference(None, "NODE_TOKEN") == "env:NODE_TOKEN"
     with pytest.raises(ConfigError, match="exactly one"):
-        read_token(None, None)
+        token_reference(None, None)
 
 
 def test_driver_registry():
@@ -624,8 +626,138 @@ def test_the_command_reports_every_problem_at_once(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert status == 1
     assert "4 problems" in err
-    for problem in ("--listen 'nope'", "the token is empty", "not an IPv4 address", "'x' unknown"):
+    for problem in (
+        "--listen 'nope'",
+        "--token-env: environment variable DNSLB_NO_SUCH_VARIABLE is not set",
+        "not an IPv4 address",
+        "'x' unknown",
+    ):
         assert problem in err
+
+
+def node_agent_config_from(*argv: str) -> NodeAgentConfig:
+    from agents.command import node_agent_config  # noqa: PLC0415
+    from cli.main import build_parser  # noqa: PLC0415
+
+    return node_agent_config(build_parser().parse_args(["node-agent", *argv]))
+
+
+CONFIG_FILE = """\
+cluster: vip-1
+node_id: n1
+vip: 198.51.100.10
+token: file:node.token  # relative to this file's directory
+manager_url: http://127.0.0.1:8700
+listen_host: 127.0.0.1
+listen_port: 8471
+driver: dry-run
+bucket_count: 64
+service_ports: [80, 443]
+require_listener: false
+"""
+
+
+def test_a_config_file_and_the_same_flags_make_the_same_config(tmp_path: Path):
+    (tmp_path / "node.token").write_text(TOKEN + "\n")
+    (tmp_path / "node.yaml").write_text(CONFIG_FILE)
+    from_file = node_agent_config_from("--config", str(tmp_path / "node.yaml"))
+    from_flags = node_agent_config_from(
+        *("--cluster", "vip-1", "--node-id", "n1", "--vip", VIP),
+        *("--token-file", str(tmp_path / "node.token")),
+        *("--manager-url", "http://127.0.0.1:8700", "--listen", "127.0.0.1:8471"),
+        *("--driver", "dry-run", "--bucket-count", "64"),
+        *("--service-port", "80", "--service-port", "443", "--no-listener-check"),
+    )
+    assert from_file.token.reveal() == from_flags.token.reveal() == TOKEN
+    assert from_file.token.reference == "file:node.token"
+    assert replace(from_file, token=from_flags.token) == from_flags
+    assert from_file.lease == from_flags.lease == 0.25  # defaults, declared once
+    assert TOKEN not in repr(from_file) and TOKEN not in repr(from_flags)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param(
+            CONFIG_FILE + "nod_id: n2\n",
+            "node.yaml, line 12: nod_id: unknown key (did you mean 'node_id'?)",
+            id="unknown key",
+        ),
+        pytest.param(
+            CONFIG_FILE.replace("file:node.token", TOKEN),
+            "node.yaml, line 4: token: a secret must be a reference, env:NAME or file:PATH",
+            id="token given as a value",
+        ),
+        pytest.param(
+            CONFIG_FILE.replace("file:node.token", "env:DNSLB_NO_SUCH_VARIABLE"),
+            "node.yaml, line 4: token: environment variable DNSLB_NO_SUCH_VARIABLE is not set",
+            id="unset variable",
+        ),
+        pytest.param(
+            CONFIG_FILE.replace("file:node.token", "file:missing.token"),
+            "node.yaml, line 4: token: cannot read",
+            id="missing file",
+        ),
+        pytest.param(
+            CONFIG_FILE.replace("dry-run", "ipvs"),
+            "node.yaml, line 1: driver: 'ipvs' unknown (known: dry-run, nftables)",
+            id="unknown driver",
+        ),
+        pytest.param(
+            CONFIG_FILE.replace("8471", "70000"),
+            "node.yaml, line 7: listen_port: must be at most 65535, not 70000",
+            id="port out of range",
+        ),
+        pytest.param(
+            CONFIG_FILE.replace("cluster: vip-1\n", ""),
+            "node.yaml, line 1: cluster: missing",
+            id="missing cluster",
+        ),
+    ],
+)
+def test_config_file_problems_name_their_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str
+):
+    from cli.main import main  # noqa: PLC0415
+
+    (tmp_path / "node.token").write_text(TOKEN)
+    (tmp_path / "node.yaml").write_text(text)
+    assert main(["node-agent", "--config", str(tmp_path / "node.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path}/{problem}" in err
+    assert TOKEN not in err
+
+
+def test_a_short_token_is_refused_without_being_shown(tmp_path: Path):
+    (tmp_path / "node.token").write_text("short-secret")
+    (tmp_path / "node.yaml").write_text(CONFIG_FILE)
+    with pytest.raises(ConfigError) as caught:
+        node_agent_config_from("--config", str(tmp_path / "node.yaml"))
+    assert caught.value.problems == [
+        f"{tmp_path / 'node.yaml'}, line 1: token: must be at least 16 characters"
+    ]
+    assert "short-secret" not in str(caught.value)
+
+
+def test_a_config_file_and_setting_flags_do_not_mix(tmp_path: Path):
+    with pytest.raises(ConfigError, match=r"not both \(--lease, --node-id\)"):
+        node_agent_config_from("--config", "node.yaml", "--node-id", "n2", "--lease", "0")
+
+
+def test_without_a_file_the_required_flags_are_named(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("DNSLB_TEST_TOKEN", TOKEN)
+    with pytest.raises(ConfigError) as caught:
+        node_agent_config_from("--node-id", "n1", "--bucket-count", "0")
+    assert caught.value.problems == [
+        "--cluster: required (or --config FILE)",
+        "--vip: required (or --config FILE)",
+        "give exactly one of --token-file and --token-env",
+        "bucket_count: must be at least 1, not 0",
+    ]
+    config = node_agent_config_from(
+        *("--cluster", "vip-1", "--node-id", "n1", "--vip", VIP, "--token-env", "DNSLB_TEST_TOKEN")
+    )
+    assert config == NodeAgentConfig("vip-1", "n1", VIP, Secret(TOKEN, "env:DNSLB_TEST_TOKEN"))
 
 
 def test_the_rules_carry_the_owner_and_the_tcp_loose_choice():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import pytest
 from daemons.pdns import pipe_command
 from dnslb.plan_store import FilePlanStore, last_good_store
 from pipe_backend.backend import PipeBackend
+from pipe_backend.command import default_state_dir
 from pipe_backend.protocol import MAX_LINE
 from tests.conftest import plan_doc, write_plan
 
@@ -386,29 +388,61 @@ def test_serve_survives_oversized_lines_and_garbage(plan_path: Path) -> None:
     assert replies
 
 
-def test_the_command_runs_as_a_coprocess(plan_path: Path) -> None:
+def test_the_command_runs_as_a_coprocess(plan_path: Path, tmp_path: Path) -> None:
     lines = [b"HELO\t5", q_line(5, "www.example.test", "A"), b"CMD\tstatus", b"garbage"]
+    # No --state-dir: the default under $XDG_STATE_HOME, nothing beside the plan.
+    environ = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    environ.pop("STATE_DIRECTORY", None)
     result = subprocess.run(
         [sys.executable, "-m", "pipe_backend", "--plan", str(plan_path)],
         input=b"\n".join(lines) + b"\n",
         capture_output=True,
         timeout=30,
         check=True,
+        env=environ,
     )
     out = result.stdout.decode()
     assert out.startswith("OK\tdnslb")
     assert out.count("\tA\t") == 2
     assert "plan version: 7" in out
     assert out.endswith("FAIL\n")
-    assert "plan v7 loaded" in result.stderr.decode()
+    assert re.search(
+        r"^dnslb pipe-backend\[\d+\]: INFO plan v7 loaded", result.stderr.decode(), re.M
+    )
+    assert sorted(path.name for path in plan_path.parent.iterdir()) == ["plan.json", "xdg"]
+    [kept] = (tmp_path / "xdg" / "dnslb" / "pipe-backend").iterdir()
+    assert FilePlanStore(kept).read().version == 7
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        pytest.param(
+            {"STATE_DIRECTORY": "/var/lib/a:/var/lib/b", "XDG_STATE_HOME": "/x"},
+            "/var/lib/a",
+            id="systemd-first-of-its-list",
+        ),
+        pytest.param({"XDG_STATE_HOME": "/x"}, "/x/dnslb/pipe-backend", id="xdg"),
+        pytest.param(
+            {"STATE_DIRECTORY": "", "HOME": "/home/pdns"},
+            "/home/pdns/.local/state/dnslb/pipe-backend",
+            id="home",
+        ),
+    ],
+)
+def test_the_default_state_directory(
+    environ: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", environ.get("HOME", "/home/pdns"))
+    assert default_state_dir(environ) == Path(expected)
 
 
 def test_a_coprocess_started_while_the_plan_is_broken_serves_the_last_good_one(
     plan_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = FilePlanStore(plan_path)
-    last_good = last_good_store(store)
-    assert last_good is not None
+    last_good = last_good_store(store, plan_path.parent / "state")
+    last_good.path.parent.mkdir()
     first = PipeBackend(store, last_good=last_good)
     first.poll(force=True)  # loads v7 and keeps a copy
     plan_path.write_text('{"format": 1, "vers')  # an editor half-way through saving
@@ -451,7 +485,7 @@ def test_the_coprocess_ignores_modules_in_its_working_directory(
     (tmp_path / "pipe_backend.py").write_text("raise SystemExit('shadowed')\n")
     (tmp_path / "dnslb.py").write_text("raise SystemExit('shadowed')\n")
     result = subprocess.run(
-        pipe_command(plan_path),
+        pipe_command(plan_path, state_dir=tmp_path / "state"),
         input=b"HELO\t5\n" + q_line(5, "example.test", "SOA") + b"\n",
         capture_output=True,
         timeout=30,
@@ -492,6 +526,7 @@ def test_answer_counts_are_published_beside_the_plan(plan_path: Path) -> None:
     clock = Clock()
     backend = make_backend(plan_path, clock=clock)
     backend.stats_interval = 5.0
+    FilePlanStore(plan_path).open_stats()  # the manager does, when it publishes
     for _ in range(40):
         backend.handle(q_line(5, "www.example.test", "A"))
     backend.requests = 40
@@ -514,8 +549,7 @@ def test_a_plan_that_does_not_compile_is_never_kept_as_last_good(
     import pipe_backend.backend as backend_module  # noqa: PLC0415
 
     store = FilePlanStore(plan_path)
-    last_good = last_good_store(store)
-    assert last_good is not None
+    last_good = last_good_store(store, plan_path.parent)
     clock = Clock()
     backend = PipeBackend(store, last_good=last_good, monotonic=clock, wall=clock)
     backend.poll(force=True)
@@ -548,7 +582,7 @@ def test_an_idle_coprocess_ends_up_on_the_newest_good_plan(plan_path: Path) -> N
     """pdns's TCP coprocess, idle while v8 came and went, served v7 for good once the plan file
     was broken, while the busy ones served v8."""
     store = FilePlanStore(plan_path)
-    last_good = last_good_store(store)
+    last_good = last_good_store(store, plan_path.parent)
     clock = Clock()
     busy = PipeBackend(store, last_good=last_good, monotonic=clock, wall=clock)
     idle = PipeBackend(store, last_good=last_good, monotonic=clock, wall=clock)

@@ -116,18 +116,42 @@ def test_the_plan_and_its_last_good_copy_are_written_0644_whatever_the_umask(
     tmp_path: Path,
 ) -> None:
     store = FilePlanStore(tmp_path / "plan.json")
+    (tmp_path / "state").mkdir()
     previous = os.umask(0o077)
     try:
         store.publish(parse_plan(plan_doc()))
-        kept = last_good_store(store)
-        assert kept is not None
+        kept = last_good_store(store, tmp_path / "state")
         kept.publish(parse_plan(plan_doc()), durable=False)
+        store.open_stats()
         store.write_stats("host-1", {"written_at": time.time()})
     finally:
         os.umask(previous)
     assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o644
-    assert (tmp_path / ".plan.json.last-good").stat().st_mode & 0o777 == 0o644
+    assert kept.path.parent == tmp_path / "state"
+    assert kept.path.stat().st_mode & 0o777 == 0o644
     assert (store.stats_dir / "host-1.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_the_last_good_copy_is_named_after_the_plan_it_keeps(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = last_good_store(FilePlanStore(tmp_path / "a" / "plan.json"), state)
+    again = last_good_store(FilePlanStore(tmp_path / "a" / ".." / "a" / "plan.json"), state)
+    other = last_good_store(FilePlanStore(tmp_path / "b" / "plan.json"), state)
+    redis = last_good_store(open_store("redis://:pw@127.0.0.1:1/0?key=k"), state)
+    assert first.path == again.path  # every pipe backend of one plan shares it
+    assert len({first.path, other.path, redis.path}) == 3  # other plans never do
+    assert all(kept.path.parent == state for kept in (first, other, redis))
+    assert "pw" not in redis.path.name
+
+
+def test_a_reader_leaves_nothing_beside_a_plan_no_manager_reads(tmp_path: Path) -> None:
+    store = FilePlanStore(tmp_path / "plan.json")
+    store.publish(parse_plan(plan_doc()))
+    store.write_stats("host-1", good_stats())
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["plan.json"]
+    store.open_stats()  # what the manager does when it publishes
+    store.write_stats("host-1", good_stats())
+    assert [d["pools"] for d in store.read_stats()] == [good_stats()["pools"]]
 
 
 def test_publishing_replaces_a_symlink_at_the_plan_path_and_never_writes_through_it(
@@ -175,6 +199,7 @@ def good_stats(**fields: Any) -> dict[str, Any]:
 
 def test_hostile_statistics_files_are_skipped_without_hanging(tmp_path: Path) -> None:
     store = FilePlanStore(tmp_path / "plan.json")
+    store.open_stats()
     store.write_stats("good", good_stats())
     stats = store.stats_dir
     os.mkfifo(stats / "fifo.json")
@@ -191,6 +216,7 @@ def test_hostile_statistics_files_are_skipped_without_hanging(tmp_path: Path) ->
 
 def test_old_statistics_files_are_removed(tmp_path: Path) -> None:
     store = FilePlanStore(tmp_path / "plan.json")
+    store.open_stats()
     store.write_stats("old", good_stats())
     old = store.stats_dir / "old.json"
     os.utime(old, (time.time() - 10_000, time.time() - 10_000))
@@ -331,8 +357,8 @@ def test_open_store_passes_the_plan_limit_on() -> None:
     assert open_store("/x", max_plan_bytes=10).max_plan_bytes == 10
     redis = open_store("redis://127.0.0.1:1/0", max_plan_bytes=10)
     assert isinstance(redis, RedisPlanStore) and redis.max_plan_bytes == 10
-    kept = last_good_store(open_store("/x", max_plan_bytes=10))
-    assert kept is not None and kept.max_plan_bytes == 10
+    kept = last_good_store(open_store("/x", max_plan_bytes=10), "/state")
+    assert kept.max_plan_bytes == 10
 
 
 def test_an_unsupported_location_is_reported_without_its_password() -> None:
@@ -373,3 +399,22 @@ def test_a_pipe_command_pdns_would_misread_is_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=problem):
         pipe_command(plan, redis_password_file=password_file)
+
+
+@pytest.mark.parametrize(
+    ("state_dir", "problem"),
+    [
+        pytest.param("state", "absolute path", id="relative"),
+        pytest.param("/var/lib/my state", "splits pipe-command on spaces", id="space"),
+    ],
+)
+def test_a_state_directory_pdns_would_misread_is_refused(state_dir: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        pipe_command("/srv/plan.json", state_dir=state_dir)
+
+
+def test_the_state_directory_is_passed_to_the_pipe_backend() -> None:
+    settings = PdnsSettings(plan="/srv/plan.json", state_dir="/var/lib/dnslb-pipe-backend")
+    config = render_config(settings, "/run/pdns").splitlines()
+    line = next(line for line in config if line.startswith("pipe-command="))
+    assert line.endswith("--plan /srv/plan.json --state-dir /var/lib/dnslb-pipe-backend")

@@ -1,7 +1,9 @@
-"""The state database: private files (0600, whatever the umask) and a bounded event log."""
+"""The state database: private files (0600, whatever the umask), a bounded event log, state
+changes as fields of their events, and older schemas migrated."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -12,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dnslb.model import Event
-from manager.state import PRUNE_CHUNK, StateStore
+from dnslb.model import Event, ServerState
+from manager.state import PRUNE_CHUNK, SCHEMA_VERSION, StateStore
 
 T0 = 1_700_000_000.0
 
@@ -179,3 +181,78 @@ def test_limits_out_of_range_are_refused(tmp_path: Path, settings: dict[str, flo
     with pytest.raises(ValueError, match="must be"):
         StateStore(tmp_path / "state.db", **settings)  # type: ignore[arg-type]
     assert not (tmp_path / "state.db").exists()
+
+
+# -- state changes and schemas ----------------------------------------------------------------
+
+
+def test_a_state_change_keeps_its_states_as_fields(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    change = Event(
+        time=T0,
+        kind="state",
+        reason="reporting",
+        pool="www",
+        server="s1",
+        from_state=ServerState.WARMING,
+        to_state=ServerState.ACTIVE,
+    )
+    stored = store.add_event(change)
+    store.add_event(event(T0 + 1))
+    newest, oldest = store.events()
+    assert oldest == stored and stored.id is not None
+    assert (oldest.from_state, oldest.to_state, oldest.reason) == (
+        ServerState.WARMING,
+        ServerState.ACTIVE,
+        "reporting",
+    )
+    assert oldest.summary == "warming -> active: reporting"
+    assert (newest.from_state, newest.to_state, newest.summary) == (None, None, "event 0")
+
+
+SCHEMA_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    pool TEXT,
+    server TEXT,
+    kind TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+INSERT INTO meta VALUES ('schema_version', '1');
+INSERT INTO events (time, pool, server, kind, reason) VALUES
+    (1.0, 'www', 's1', 'state', 'launching -> warming: running at 10.0.0.1 (i-1)'),
+    (2.0, 'www', 's1', 'state', 'warming -> active: reporting: a -> b: c'),
+    (3.0, 'www', 's1', 'state', 'something -> else: not a state of ours'),
+    (4.0, 'www', NULL, 'scale_out', '1: active -> draining is not a change');
+"""
+
+
+def test_a_schema_1_database_is_migrated_and_its_changes_become_fields(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript(SCHEMA_1)
+    store = StateStore(path)
+    assert store.get_meta("schema_version") == str(SCHEMA_VERSION)
+    found = [(e.id, e.from_state, e.to_state, e.reason) for e in reversed(store.events())]
+    assert found == [
+        (1, ServerState.LAUNCHING, ServerState.WARMING, "running at 10.0.0.1 (i-1)"),
+        (2, ServerState.WARMING, ServerState.ACTIVE, "reporting: a -> b: c"),
+        (3, None, None, "something -> else: not a state of ours"),
+        (4, None, None, "1: active -> draining is not a change"),
+    ]
+    added = store.add_event(event(5.0))
+    assert added.id == 5
+    store.close()
+    again = StateStore(path)  # migrated once: opened again as it is
+    assert [e.summary for e in again.events(kinds=["state"])][-1] == (
+        "launching -> warming: running at 10.0.0.1 (i-1)"
+    )
+
+
+def test_a_database_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    StateStore(path).set_meta("schema_version", str(SCHEMA_VERSION + 1))
+    with pytest.raises(RuntimeError, match=f"state schema {SCHEMA_VERSION + 1}"):
+        StateStore(path)
