@@ -34,6 +34,7 @@ from dnslb.agent_config import AgentConfig
 from dnslb.clock import Clock, SystemClock
 from dnslb.config import load_config
 from dnslb.report import Report
+from dnslb.tls import client_context
 
 log = logging.getLogger("dnslb.agent")
 
@@ -171,7 +172,12 @@ class Agent:
 async def serve(config: AgentConfig) -> int:
     """Run an agent for ``config`` until SIGTERM or SIGINT; returns the exit status."""
     source = create_source(config.source)
-    client = ManagerClient(config.reports_url, config.token, timeout=config.manager_timeout)
+    client = ManagerClient(
+        config.reports_url,
+        config.token,
+        timeout=config.manager_timeout,
+        verify=client_context(config.ca_file),
+    )
     agent = Agent(config, source, client)
     task = asyncio.create_task(agent.run())
     loop = asyncio.get_running_loop()

@@ -25,6 +25,7 @@ from daemons.nginx import NginxServer, NginxSettings
 from dnslb import logs
 from dnslb.agent_config import AgentConfig
 from dnslb.config import checked, load_config
+from dnslb.tls import client_context
 
 log = logging.getLogger("dnslb.cache_server")
 
@@ -39,7 +40,10 @@ async def serve(settings: NginxSettings, workdir: Path, agent_config: AgentConfi
     log.info("nginx answers on %s:%d, caching %s", settings.address, settings.port, settings.origin)
     source = create_source(agent_config.source)
     client = ManagerClient(
-        agent_config.reports_url, agent_config.token, timeout=agent_config.manager_timeout
+        agent_config.reports_url,
+        agent_config.token,
+        timeout=agent_config.manager_timeout,
+        verify=client_context(agent_config.ca_file),
     )
     agent = Agent(agent_config, source, client)
     stopped = asyncio.Event()

@@ -12,8 +12,16 @@ from typing import TYPE_CHECKING
 
 from daemons.nginx import NginxSettings
 from dnslb import logs
-from dnslb.config import Secret, default_of, load_config, problems_of, resolve_secret
+from dnslb.config import (
+    Secret,
+    default_of,
+    load_config,
+    problems_of,
+    resolve_file_reference,
+    resolve_secret,
+)
 from dnslb.errors import ConfigError
+from dnslb.tls import TlsListenerConfig
 
 if TYPE_CHECKING:
     from agents.node_agent import NodeAgentConfig
@@ -83,7 +91,7 @@ def run_cache_server(args: argparse.Namespace) -> int:
     return main(settings, args.workdir, args.agent_config)
 
 
-_NODE_AGENT_OWN_FLAGS = ("listen", "token_file", "token_env")
+_NODE_AGENT_OWN_FLAGS = ("listen", "token_file", "token_env", "tls_certificate", "tls_key")
 """Flags that are not one field of :class:`~agents.node_agent.NodeAgentConfig` each; every other
 setting flag's ``dest`` is the field it sets."""
 _NODE_AGENT_FLAG_NAMES = {
@@ -130,6 +138,23 @@ def add_node_agent_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {default('listen_host')}:{default('listen_port')})",
     )
     flag("--manager-url", help="manager base URL for heartbeats (none: no heartbeats)")
+    flag(
+        "--tls-certificate",
+        metavar="FILE",
+        help="PEM certificate the push listener serves HTTPS with (with --tls-key)",
+    )
+    flag("--tls-key", metavar="FILE", help="PEM private key of --tls-certificate")
+    flag(
+        "--ca-file",
+        metavar="FILE",
+        help="CA certificate(s) an https:// --manager-url is verified with",
+    )
+    flag(
+        "--allow-plaintext",
+        action="store_true",
+        help="let the token cross the network in clear text (an http:// --manager-url beyond "
+        "this host, a listener without TLS beyond loopback)",
+    )
     token = flags.add_mutually_exclusive_group()
     token.add_argument(
         "--token-file",
@@ -238,6 +263,22 @@ def node_agent_config(args: argparse.Namespace) -> NodeAgentConfig:
             problems.append(f"--listen {given['listen']!r}: expected HOST:PORT")
     if "service_ports" in values:
         values["service_ports"] = tuple(values["service_ports"])
+    if "ca_file" in values:
+        try:
+            values["ca_file"] = resolve_file_reference(f"file:{values['ca_file']}")
+        except ValueError as exc:
+            problems.append(f"--ca-file: {exc}")
+            del values["ca_file"]
+    if ("tls_certificate" in given) != ("tls_key" in given):
+        problems.append("--tls-certificate and --tls-key: give both or neither")
+    elif "tls_certificate" in given:
+        try:
+            values["tls"] = TlsListenerConfig(
+                certificate=resolve_file_reference(f"file:{given['tls_certificate']}"),
+                key=resolve_file_reference(f"file:{given['tls_key']}"),
+            )
+        except ValueError as exc:
+            problems.append(f"--tls-certificate, --tls-key: {exc}")
     values["token"] = Secret("-" * MIN_TOKEN_LENGTH, "-")
     try:
         reference = token_reference(given.get("token_file"), given.get("token_env"))

@@ -8,12 +8,14 @@ otherwise, so that the agent decides how to wait and what to log.
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass
 
 import httpx
 
 from dnslb.config import Secret
 from dnslb.report import Report, report_to_dict
+from dnslb.tls import client_context, verification_failure
 
 MAX_MESSAGE = 200  # of a refusal's body, in the log
 
@@ -44,7 +46,9 @@ def _refusal_text(response: httpx.Response) -> str:
 
 
 class ManagerClient:
-    """Sends reports to ``url`` with ``Authorization: Bearer <token>``."""
+    """Sends reports to ``url`` with ``Authorization: Bearer <token>``; an ``https://`` manager
+    is verified with ``verify`` (:func:`dnslb.tls.client_context`; default: the system's trust
+    store)."""
 
     def __init__(
         self,
@@ -52,12 +56,14 @@ class ManagerClient:
         token: Secret,
         *,
         timeout: float,
+        verify: ssl.SSLContext | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url
         # Proxies from the environment are ignored: agents talk to their manager directly.
         self._client = httpx.AsyncClient(
             timeout=timeout,
+            verify=verify or client_context(),
             headers={"Authorization": f"Bearer {token.reveal()}"},
             trust_env=False,
             transport=transport,
@@ -72,7 +78,7 @@ class ManagerClient:
         except httpx.TimeoutException:
             return DeliveryProblem(f"manager at {self.url} did not answer in time")
         except httpx.HTTPError as exc:
-            reason = str(exc) or type(exc).__name__
+            reason = verification_failure(exc) or str(exc) or type(exc).__name__
             return DeliveryProblem(f"manager at {self.url} unreachable: {reason}")
         if response.is_success:
             return None

@@ -10,7 +10,8 @@ One runs on each node that shares the cluster's VIP. It
   checks the token and the body's length before reading the body, drops connections that are
   slow to send (:data:`HEADER_TIMEOUT`, :data:`BODY_TIMEOUT`) and caps how many are open
   (:data:`MAX_CONNECTIONS`, strangers evicted first), all in one event loop: hostile clients
-  cost sockets for seconds, never threads, and never keep the manager's push out;
+  cost sockets for seconds, never threads, and never keep the manager's push out. With ``tls``
+  it serves HTTPS only, the handshake within the request head's time;
 * posts a heartbeat to ``{manager_url}/v1/reports`` every ``heartbeat_interval`` seconds: a
   :class:`~dnslb.report.Report` with its connections to the VIP, its capacity and the table it
   holds. When the manager is unreachable it backs off (up to ``backoff_max``) and keeps going;
@@ -34,6 +35,7 @@ import logging
 import math
 import signal
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -48,10 +50,19 @@ from typing import Any
 from agents.dispatch_drivers import DRIVERS, DispatchDriver, NodeRules, create_driver
 from agents.dispatch_drivers.nft_ruleset import check_table_name, check_vip
 from agents.vip_connections import VipConnections, VipLoad
-from dnslb.config import Secret, checked, setting
+from dnslb.config import FileReference, Secret, checked, setting
 from dnslb.dispatch import MAX_BUCKETS, BucketTable, parse_table_json
 from dnslb.errors import ConfigError, DnslbError, ProcessError, ProtocolError
 from dnslb.report import MAX_COUNT, Report, TableHeld, id_problem, report_to_dict
+from dnslb.tls import (
+    TlsListenerConfig,
+    ca_file_problem,
+    client_context,
+    plaintext_listener_problem,
+    plaintext_url_problem,
+    server_context,
+    verification_failure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +107,19 @@ class NodeAgentConfig:
     )
     listen_host: str = setting("127.0.0.1", help="address the table push listener binds")
     listen_port: int = setting(8470, help="port of the push listener (0: any)", min=0, max=65535)
+    tls: TlsListenerConfig | None = setting(
+        None, help="the push listener serves HTTPS with this certificate and key (null: HTTP)"
+    )
+    ca_file: FileReference | None = setting(
+        None,
+        help="CA certificate(s) an https:// manager_url is verified with (null: the system's "
+        "trust store)",
+    )
+    allow_plaintext: bool = setting(
+        False,
+        help="let the token cross the network in clear text: an http:// manager_url beyond this "
+        "host, a push listener without tls beyond loopback (only on a network you trust)",
+    )
     driver: str = setting(
         "nftables", help="dispatch driver: nftables, or dry-run (logs the nft scripts instead)"
     )
@@ -155,6 +179,16 @@ class NodeAgentConfig:
             parts = urllib.parse.urlsplit(self.manager_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 yield f"manager_url: {self.manager_url!r} is not an http(s) URL"
+            elif problem := plaintext_url_problem(
+                "manager_url", self.manager_url, self.allow_plaintext
+            ):
+                yield problem
+        if problem := plaintext_listener_problem(
+            "listen_host", self.listen_host, self.tls is not None, self.allow_plaintext
+        ):
+            yield problem
+        if problem := ca_file_problem(self.ca_file):
+            yield problem
         if self.driver not in DRIVERS:
             yield f"driver: {self.driver!r} unknown (known: {', '.join(sorted(DRIVERS))})"
         if self.backoff_max < self.heartbeat_interval:
@@ -317,11 +351,20 @@ class NodeAgent:
 
 
 class ManagerLink:
-    """Posts reports to the manager over one kept-alive HTTP connection, reconnecting as needed."""
+    """Posts reports to the manager over one kept-alive HTTP connection, reconnecting as needed;
+    an ``https://`` manager is verified with ``context`` (default: the system's trust store)."""
 
-    def __init__(self, manager_url: str, token: str, timeout: float = MANAGER_TIMEOUT) -> None:
+    def __init__(
+        self,
+        manager_url: str,
+        token: str,
+        timeout: float = MANAGER_TIMEOUT,
+        *,
+        context: ssl.SSLContext | None = None,
+    ) -> None:
         parts = urllib.parse.urlsplit(manager_url)
         self._https = parts.scheme == "https"
+        self._context = context or (client_context() if self._https else None)
         self._host = parts.hostname or ""
         self._port = parts.port
         self._path = parts.path.rstrip("/") + "/v1/reports"
@@ -331,8 +374,14 @@ class ManagerLink:
 
     def _connect(self) -> http.client.HTTPConnection:
         if self._connection is None:
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._connection = kind(self._host, self._port, timeout=self._timeout)
+            if self._https:
+                self._connection = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self._timeout, context=self._context
+                )
+            else:
+                self._connection = http.client.HTTPConnection(
+                    self._host, self._port, timeout=self._timeout
+                )
         return self._connection
 
     def post(self, report: Report) -> None:
@@ -349,7 +398,8 @@ class ManagerLink:
             detail = response.read(500)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
-            raise ProtocolError(f"manager unreachable: {exc or type(exc).__name__}") from None
+            reason = verification_failure(exc) or exc or type(exc).__name__
+            raise ProtocolError(f"manager unreachable: {reason}") from None
         if response.status >= 300:
             raise ProtocolError(f"manager refused the report: {response.status} {detail!r}")
 
@@ -494,16 +544,27 @@ class AgentHttpServer:
       authenticated (the manager's connections, once authenticated, are never evicted), or is
       closed at once when every open connection has authenticated.
 
+    With ``tls`` (a server context), a connection's TLS handshake is done once it is counted
+    (a connection still shaking hands may be evicted) and within its first request head's
+    ``header_timeout``: a client that never says hello is dropped like one that never sends a
+    request.
+
     The interface follows ``socketserver``: bound on construction (``OSError`` then), then
     :meth:`serve_forever`, :meth:`shutdown` from another thread, :meth:`server_close`.
     ``stats`` counts what was refused or dropped.
     """
 
     def __init__(
-        self, address: tuple[str, int], agent: NodeAgent, limits: ListenerLimits | None = None
+        self,
+        address: tuple[str, int],
+        agent: NodeAgent,
+        limits: ListenerLimits | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.agent = agent
         self.limits = limits or ListenerLimits()
+        self.tls = tls
         host = address[0]
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.create_server(address, family=family, backlog=128)
@@ -579,17 +640,28 @@ class AgentHttpServer:
             victim.writer.transport.abort()
             self._warn_full()
         self._connections[key] = connection
+        transport = writer.transport
         try:
-            await self._converse(reader, writer, connection)
+            # The first request's head is due within header_timeout, the handshake included.
+            first = asyncio.get_running_loop().time() + self.limits.header_timeout
+            if self.tls is not None:
+                async with asyncio.timeout_at(first):
+                    await writer.start_tls(self.tls)
+                if writer.transport is None or writer.transport.is_closing():
+                    return  # gone during the handshake
+                transport = writer.transport
+            await self._converse(reader, writer, connection, first)
         except TimeoutError:
             self.stats["timed_out"] += 1
+        except ssl.SSLError:
+            self.stats["failed handshakes"] += 1
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception:  # a bug of ours; the listener goes on
             log.exception("push connection failed")
         finally:
             self._connections.pop(key, None)
-            writer.transport.abort()  # closed already, or dropped: slow, gone or evicted
+            transport.abort()  # closed already, or dropped: slow, gone or evicted
 
     def _warn_full(self) -> None:
         now = time.monotonic()
@@ -603,13 +675,23 @@ class AgentHttpServer:
             )
 
     async def _converse(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        connection: _Connection,
+        first: float,
     ) -> None:
+        """Serve requests until the connection ends; the first head is due by ``first``
+        (loop time)."""
         limits = self.limits
+        loop = asyncio.get_running_loop()
+        due: float | None = first
         while True:
-            wait = limits.idle_timeout if connection.trusted else limits.header_timeout
+            if due is None:
+                wait = limits.idle_timeout if connection.trusted else limits.header_timeout
+                due = loop.time() + wait
             try:
-                async with asyncio.timeout(wait):
+                async with asyncio.timeout_at(due):
                     head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.LimitOverrunError:
                 refused = _Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "head too large")
@@ -624,11 +706,11 @@ class AgentHttpServer:
             except _Refused as refused:
                 await self._refuse(reader, writer, refused)
                 return
+            due = None
             body = b""
             if body_length:
                 async with asyncio.timeout(limits.body_timeout):
                     body = await reader.readexactly(body_length)
-            loop = asyncio.get_running_loop()
             try:
                 reply = await loop.run_in_executor(self._executor, handler, body)
             except Exception:  # a bug of ours: answer 500, keep serving, say it
@@ -739,15 +821,20 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
     agent = NodeAgent(config, driver, load)
     agent.install()
     try:
-        server = AgentHttpServer((config.listen_host, config.listen_port), agent)
+        tls = server_context(config.tls.certificate, config.tls.key) if config.tls else None
+    except ValueError as exc:  # checked when loaded; changed since
+        raise ConfigError("node agent", [f"tls: {exc}"]) from None
+    try:
+        server = AgentHttpServer((config.listen_host, config.listen_port), agent, tls=tls)
     except OSError as exc:
         where = f"{config.listen_host}:{config.listen_port}"
         raise ConfigError("node agent", [f"listen {where}: {exc.strerror}"]) from None
     host, port = server.server_address[:2]
     log.info(
-        "node %s of cluster %s: fenced, taking tables on %s:%s",
+        "node %s of cluster %s: fenced, taking tables on %s://%s:%s",
         config.node_id,
         config.cluster,
+        "https" if tls else "http",
         host,
         port,
     )
@@ -770,7 +857,9 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
         renewing.start()
     beating: threading.Thread | None = None
     if config.manager_url is not None:
-        link = ManagerLink(config.manager_url, config.token.reveal())
+        link = ManagerLink(
+            config.manager_url, config.token.reveal(), context=client_context(config.ca_file)
+        )
         beating = threading.Thread(
             target=heartbeat_loop,
             args=(agent, link, stop, config.heartbeat_interval, config.backoff_max),

@@ -8,9 +8,13 @@ Prometheus expects of counters.
 Per server (labels ``pool``, ``server``): utilization, in-progress requests, weight, TTL, the
 intended share of answers (weight / sum of weights in its pool), paused (policy / operator),
 state (one series per state, 1 for the current one), report age, cost, requests served, and
-answers counted by the pipe backends when the manager has them. Per pool: servers by state,
-scale events, cost, requests served, mean TTL handed out. Manager: last tick's duration, tick
-errors, plan version and age, readiness, agent reports by outcome.
+answers counted by the pipe backends when the manager has them (those it was in, and those it
+came first in). Per pool: servers by state, members of the published plan by state, servers left
+out of it, scale events, cost, requests served, mean TTL handed out, launches and failed launches
+and whether launching is paused. Per cluster: failovers, controller tick errors, nodes alive.
+Manager: last tick's duration, tick errors (whole ticks and parts), plan version, age, refresh and
+stale_after, plans refused, publish errors and whether the plan store answered, readiness, agent
+reports by outcome. The shipped alerting rules (``deploy/prometheus/dnslb.rules.yml``) read them.
 
 A scrape never fails on what the views hold: every sample is written as a float (an integer too
 large for one as ``+Inf``, what is not a number as ``NaN``, both of which the text format
@@ -26,7 +30,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from dnslb.control import ManagerControl
+from dnslb.control import ManagerControl, Telemetry
 from dnslb.model import ServerState
 
 _SERVER = ["pool", "server"]
@@ -39,11 +43,12 @@ class ControlCollector:
         self.control = control
 
     def collect(self) -> Iterable[Metric]:
-        for family in (self._servers, self._pools, self._manager):
-            for metric in family():
+        telemetry = self.control.telemetry()
+        for family in (self._servers, self._pools, self._clusters, self._manager):
+            for metric in family(telemetry):
                 yield writable(metric)
 
-    def _servers(self) -> Iterable[Metric]:
+    def _servers(self, telemetry: Telemetry) -> Iterable[Metric]:
         servers = self.control.servers()
         utilization = GaugeMetricFamily(
             "dnslb_server_utilization", "smoothed utilization (in progress / max)", labels=_SERVER
@@ -82,6 +87,11 @@ class ControlCollector:
             "DNS answers that held it, counted by the pipe backends",
             labels=_SERVER,
         )
+        first_answers = CounterMetricFamily(
+            "dnslb_server_first_answers",
+            "DNS answers that held it first, counted by the pipe backends",
+            labels=_SERVER,
+        )
         weights: dict[str, float] = defaultdict(float)
         for server in servers:
             if server.weight is not None:
@@ -110,10 +120,12 @@ class ControlCollector:
             served.add_metric(labels, server.served)
             if server.answers is not None:
                 answers.add_metric(labels, server.answers)
+            if server.id in telemetry.first_answers:
+                first_answers.add_metric(labels, telemetry.first_answers[server.id])
         yield from (utilization, in_progress, weight, ttl, share, paused, state, report_age)
-        yield from (cost, served, answers)
+        yield from (cost, served, answers, first_answers)
 
-    def _pools(self) -> Iterable[Metric]:
+    def _pools(self, telemetry: Telemetry) -> Iterable[Metric]:
         servers = GaugeMetricFamily(
             "dnslb_pool_servers", "servers by state", labels=["pool", "state"]
         )
@@ -144,7 +156,62 @@ class ControlCollector:
                 mean_ttl.add_metric([pool.name], pool.mean_ttl)
         yield from (servers, scale, cost, served, mean_ttl)
 
-    def _manager(self) -> Iterable[Metric]:
+        plan_members = GaugeMetricFamily(
+            "dnslb_pool_plan_members",
+            "members of the published plan by state (active ones are answered)",
+            labels=["pool", "state"],
+        )
+        left_out = GaugeMetricFamily(
+            "dnslb_pool_left_out_servers",
+            "servers left out of the plan: a pipe backend would refuse their data",
+            labels=["pool"],
+        )
+        launches = CounterMetricFamily(
+            "dnslb_pool_launches", "servers asked of the provider", labels=["pool"]
+        )
+        failures = CounterMetricFamily(
+            "dnslb_pool_launch_failures",
+            "launches that failed or never became healthy",
+            labels=["pool"],
+        )
+        backoff = GaugeMetricFamily(
+            "dnslb_pool_launch_backoff",
+            "1 while launching is paused after failed launches in a row",
+            labels=["pool"],
+        )
+        for figures in telemetry.pools:
+            for plan_state, count in sorted(figures.plan_members.items()):
+                plan_members.add_metric([figures.name, plan_state], count)
+            left_out.add_metric([figures.name], figures.left_out)
+            if figures.launches is not None and figures.launch_failures is not None:
+                launches.add_metric([figures.name], figures.launches)
+                failures.add_metric([figures.name], figures.launch_failures)
+                backoff.add_metric([figures.name], 1.0 if figures.launch_backoff else 0.0)
+        yield from (plan_members, left_out, launches, failures, backoff)
+
+    def _clusters(self, telemetry: Telemetry) -> Iterable[Metric]:
+        failovers = CounterMetricFamily(
+            "dnslb_cluster_failovers", "tables installed by failover", labels=["cluster"]
+        )
+        errors = CounterMetricFamily(
+            "dnslb_cluster_tick_errors",
+            "parts of the cluster controller's ticks that failed",
+            labels=["cluster", "part"],
+        )
+        alive = GaugeMetricFamily(
+            "dnslb_cluster_node_alive",
+            "1 while the node is alive (heard from within failover_after, not stuck)",
+            labels=["cluster", "node"],
+        )
+        for cluster in telemetry.clusters:
+            failovers.add_metric([cluster.name], cluster.failovers)
+            for part, count in sorted(cluster.tick_errors.items()):
+                errors.add_metric([cluster.name, part], count)
+            for node, up in sorted(cluster.nodes_alive.items()):
+                alive.add_metric([cluster.name, node], 1.0 if up else 0.0)
+        yield from (failovers, errors, alive)
+
+    def _manager(self, telemetry: Telemetry) -> Iterable[Metric]:
         stats = self.control.stats()
         yield GaugeMetricFamily(
             "dnslb_manager_tick_duration_seconds", "duration of the last tick", stats.tick_seconds
@@ -152,6 +219,14 @@ class ControlCollector:
         yield CounterMetricFamily(
             "dnslb_manager_tick_errors", "ticks that failed", stats.tick_errors
         )
+        parts = CounterMetricFamily(
+            "dnslb_manager_tick_part_errors",
+            "parts of ticks that failed (the rest of the tick went on)",
+            labels=["part"],
+        )
+        for part, count in sorted(telemetry.tick_part_errors.items()):
+            parts.add_metric([part], count)
+        yield parts
         yield GaugeMetricFamily(
             "dnslb_manager_ready", "1 once plans are published", 1.0 if stats.ready else 0.0
         )
@@ -161,6 +236,37 @@ class ControlCollector:
         if stats.plan_age is not None:
             yield GaugeMetricFamily(
                 "dnslb_plan_age_seconds", "seconds since the plan was published", stats.plan_age
+            )
+        yield GaugeMetricFamily(
+            "dnslb_plan_refresh_seconds",
+            "an unchanged plan is republished this often",
+            telemetry.plan_refresh,
+        )
+        yield GaugeMetricFamily(
+            "dnslb_plan_stale_after_seconds",
+            "pipe backends answer with TTL floors when the plan is older than this",
+            telemetry.plan_stale_after,
+        )
+        yield GaugeMetricFamily(
+            "dnslb_plan_refused",
+            "1 while the newest plan is not published: a pipe backend would refuse it",
+            1.0 if telemetry.plan_refused else 0.0,
+        )
+        yield CounterMetricFamily(
+            "dnslb_plans_refused",
+            "plans not published: a pipe backend would refuse them",
+            telemetry.plans_refused,
+        )
+        yield CounterMetricFamily(
+            "dnslb_plan_publish_errors",
+            "publications the plan store refused or did not answer",
+            telemetry.publish_errors,
+        )
+        if telemetry.store_up is not None:
+            yield GaugeMetricFamily(
+                "dnslb_plan_store_up",
+                "1 when the last publication succeeded, 0 when it failed",
+                1.0 if telemetry.store_up else 0.0,
             )
         reports = CounterMetricFamily(
             "dnslb_manager_reports", "agent reports by outcome", labels=["outcome"]

@@ -21,7 +21,18 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from dnslb.control import AdminAction, ManagerStats, PoolView, ServerView
+from dnslb.control import (
+    AdminAction,
+    AnswerExample,
+    Explanation,
+    History,
+    ManagerStats,
+    MemberExplanation,
+    PoolSample,
+    PoolView,
+    ServerSample,
+    ServerView,
+)
 from dnslb.model import Event, ServerState
 
 _STRICT = ConfigDict(extra="forbid")
@@ -152,6 +163,7 @@ class ServerOut(BaseModel):
     cost_seconds: Real = Field(description="server-seconds so far")
     served: Count = Field(description="requests served while known to this manager")
     answers: MaybeCount = Field(description="DNS answers that held it; null: not counted")
+    why: Text = Field(description="why it is or is not in the published plan's answers")
 
     @classmethod
     def of(cls, view: ServerView) -> Self:
@@ -277,6 +289,125 @@ class CostReport(BaseModel):
     server_seconds: Real
     served: Count
     requests_per_cost: MaybeReal
+
+
+class MemberExplanationOut(BaseModel):
+    """A server of the pool and its standing in the published plan."""
+
+    model_config = _STRICT
+    id: Text
+    address: Text
+    state: ServerState | None = Field(description="lifecycle state; null: no longer managed")
+    plan_state: MaybeText = Field(description="its state in the published plan; null: not in it")
+    in_answers: bool = Field(description="in at least one answer of the plan's rotation")
+    weight: MaybeReal = Field(description="in the published plan")
+    ttl: MaybeCount = Field(description="seconds, in the published plan")
+    utilization: MaybeReal = Field(description="smoothed, now; null before the first report")
+    first_share: Real = Field(description="share of its family's answers it comes first in")
+    answer_share: Real = Field(description="share of its family's answers it is in")
+    paused: bool = Field(description="paused by the policy (utilization above th_over)")
+    admin_paused: bool = Field(description="paused by an operator")
+    why: Text = Field(description="why it is or is not answered")
+
+    @classmethod
+    def of(cls, view: MemberExplanation) -> Self:
+        return cls(**_fields_of(view))
+
+
+class AnswerExampleOut(BaseModel):
+    """One answer of the rotation: what a client may get now (each pipe backend walks the
+    rotation from a random place)."""
+
+    model_config = _STRICT
+    family: Text = Field(description="A or AAAA")
+    members: list[Text] = Field(description="server ids, in the answer's order")
+    addresses: list[Text]
+    ttl: Count
+    fallback: bool = Field(description="chosen by the pool's fallback: no member is active")
+    rotation: Count = Field(description="answers in the rotation it is one of")
+
+    @classmethod
+    def of(cls, view: AnswerExample) -> Self:
+        fields = _fields_of(view)
+        fields["members"] = list(view.members)
+        fields["addresses"] = list(view.addresses)
+        return cls(**fields)
+
+
+class ExplanationOut(BaseModel):
+    """Why a name answers as it does (:class:`dnslb.control.Explanation`)."""
+
+    model_config = _STRICT
+    name: Text = Field(description="the DNS name")
+    pool: Text
+    plan_version: Count
+    plan_age: MaybeReal = Field(description="seconds since the plan was published")
+    stale: bool = Field(description="older than its stale_after: answers carry the TTL floor")
+    k: Count = Field(description="addresses per answer, at most")
+    ttl_floor: Count
+    fallback: Text
+    th_over: Real = Field(description="utilization above which the policy pauses a server")
+    resume_below: Real = Field(description="a paused server resumes below this")
+    members: list[MemberExplanationOut]
+    answers: list[AnswerExampleOut] = Field(description="one answer per address family")
+
+    @classmethod
+    def of(cls, view: Explanation) -> Self:
+        fields = _fields_of(view)
+        fields["members"] = [MemberExplanationOut.of(member) for member in view.members]
+        fields["answers"] = [AnswerExampleOut.of(answer) for answer in view.answers]
+        return cls(**fields)
+
+
+class ServerSampleOut(BaseModel):
+    """One server over one interval (:class:`dnslb.control.ServerSample`)."""
+
+    model_config = _STRICT
+    id: Text
+    state: ServerState = Field(description="at the end of the interval")
+    utilization: MaybeReal = Field(description="mean over the interval's ticks")
+    weight: MaybeReal = Field(description="in the plan at the end; null: not answered")
+    ttl: MaybeCount
+    paused: bool = Field(description="paused (policy or operator) at any tick of the interval")
+
+    @classmethod
+    def of(cls, view: ServerSample) -> Self:
+        return cls(**_fields_of(view))
+
+
+class PoolSampleOut(BaseModel):
+    """One pool over one interval, ending at ``time`` (:class:`dnslb.control.PoolSample`)."""
+
+    model_config = _STRICT
+    time: Real = Field(description="unix seconds: the end of the interval")
+    pool: Text
+    servers: Counts = Field(description="servers by state at the end (terminated left out)")
+    cost_seconds: Real = Field(description="the pool's server-seconds so far")
+    members: list[ServerSampleOut]
+
+    @classmethod
+    def of(cls, view: PoolSample) -> Self:
+        fields = _fields_of(view)
+        fields["servers"] = dict(view.servers)
+        fields["members"] = [ServerSampleOut.of(member) for member in view.members]
+        return cls(**fields)
+
+
+class HistoryOut(BaseModel):
+    """The manager's recent past, oldest first (:class:`dnslb.control.History`)."""
+
+    model_config = _STRICT
+    resolution: Real = Field(description="seconds per sample")
+    retention: Real = Field(description="seconds of history the manager keeps")
+    samples: list[PoolSampleOut]
+
+    @classmethod
+    def of(cls, view: History) -> Self:
+        return cls(
+            resolution=view.resolution,
+            retention=view.retention,
+            samples=[PoolSampleOut.of(sample) for sample in view.samples],
+        )
 
 
 class ActionRequest(BaseModel):

@@ -1,4 +1,5 @@
-"""The ``/v1`` routes: pools, servers and their actions, plan, events, costs, status.
+"""The ``/v1`` routes: pools, servers and their actions, plan, events, costs, status, explain,
+history.
 
 Every handler is ``async``: the manager's state lives in its event loop (and its SQLite
 connection in that loop's thread), so views are read there, never from a worker thread.
@@ -38,6 +39,8 @@ from api.models import (
     ErrorBody,
     EventOut,
     EventPage,
+    ExplanationOut,
+    HistoryOut,
     PlanOut,
     PoolCost,
     PoolOut,
@@ -399,5 +402,36 @@ def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
             served=served,
             requests_per_cost=_per_cost(served, seconds),
         )
+
+    @router.get(
+        "/explain/{name}",
+        responses={**READ_ERRORS, 404: _error("no such pool, or no plan published yet")},
+        tags=["pools"],
+    )
+    async def explain(
+        name: Annotated[str, Path(max_length=255, description="a pool's name or its DNS name")],
+    ) -> ExplanationOut:
+        """Why a name answers as it does, from the published plan: every server of its pool
+        with state, weight, TTL, pause and why it is or is not answered, and one answer of the
+        plan's rotation per address family (what a client may get now: each pipe backend walks
+        the rotation from a random place)."""
+        return ExplanationOut.of(control.explain(name))
+
+    @router.get("/history", responses={**READ_ERRORS, **NOT_FOUND}, tags=["manager"])
+    async def history(
+        pool: Annotated[str | None, Query(min_length=1, description="only this pool's")] = None,
+        since: Annotated[
+            float | None,
+            Query(
+                ge=0,
+                le=1e11,
+                allow_inf_nan=False,
+                description="unix seconds: only samples after this (what a page already has)",
+            ),
+        ] = None,
+    ) -> HistoryOut:
+        """The last hour, oldest first: one sample per pool every few seconds (utilization,
+        weight, TTL and pause per server; servers by state and cost per pool)."""
+        return HistoryOut.of(control.history(pool=pool, since=since))
 
     return router

@@ -14,6 +14,10 @@ run alternates rounds of two conditions:
   next one's headers, a quarter connect and send nothing. A client the manager drops reconnects
   half a second later, so 200 are always trying.
 
+With ``--tls`` the manager serves HTTPS (a CA made for the run): the agents and the first three
+kinds of slow clients shake hands first, and the silent ones never say hello (the listener drops
+them at its header timeout, the handshake included).
+
 Printed per condition: reports sent and answered 204, p50 / p99 / max latency over every report
 of its rounds; for slowloris, how many slow connections were open on average (sampled every
 second), how many the manager dropped (it closes them at its header or body timeout) and how long
@@ -29,6 +33,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import ssl
 import statistics
 import sys
 import tempfile
@@ -40,7 +45,9 @@ from typing import Any
 import httpx
 
 from daemons.process import free_port, http_answers, spawn
+from dnslb.tls import client_context
 from evaluation.percentile import percentile
+from tests.tls_support import make_pki
 
 TOKEN = "bench-agent-token-0123456789"
 SLOW = 200
@@ -48,15 +55,22 @@ TRICKLE_EVERY = 0.5
 KINDS = ("trickled headers", "trickled body", "stalled keep-alive", "silent")
 
 
-def write_config(directory: Path, servers: int, port: int) -> Path:
+def write_config(directory: Path, servers: int, port: int, *, tls: bool = False) -> Path:
+    """The manager's configuration; with ``tls``, a CA and a certificate made in ``pki/``."""
     members = "\n".join(
         f"      - {{id: s{i}, address: 10.0.{i // 250}.{i % 250 + 1}}}" for i in range(servers)
     )
+    http = f"{{port: {port}}}"
+    if tls:
+        make_pki(directory / "pki")
+        http = (
+            f"{{port: {port}, tls: {{certificate: file:pki/server.pem, key: file:pki/server.key}}}}"
+        )
     path = directory / "manager.yaml"
     path.write_text(
         "zones: [{name: example.test, ns: [ns1.example.test]}]\n"
         "auth: {agent_token: env:DNSLB_BENCH_TOKEN}\n"
-        f"http: {{port: {port}}}\n"
+        f"http: {http}\n"
         "down_after: 3600\n"
         "pools:\n  - name: www\n    zone: example.test\n    members:\n" + members + "\n"
     )
@@ -75,6 +89,7 @@ class Crowd:
     """The slow clients: how many are open, how many the manager dropped, how long they lived."""
 
     port: int
+    tls: ssl.SSLContext | None = None  # the silent ones never use it: they never say hello
     open_now: int = 0
     dropped: int = 0
     lifetimes: dict[int, list[float]] = field(default_factory=dict)
@@ -85,7 +100,13 @@ class Crowd:
         while True:
             opened = time.monotonic()
             try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                secure = self.tls if kind != 3 else None
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1",
+                    self.port,
+                    ssl=secure,
+                    server_hostname="127.0.0.1" if secure else None,
+                )
             except OSError:
                 await asyncio.sleep(0.1)
                 continue
@@ -123,12 +144,21 @@ class Crowd:
                     writer.write(b"a")
 
 
-async def agent(url: str, server: str, until: float, latencies: Latencies, offset: float) -> None:
+async def agent(
+    url: str,
+    server: str,
+    until: float,
+    latencies: Latencies,
+    offset: float,
+    verify: ssl.SSLContext | None,
+) -> None:
     """One agent: a report a second over its own keep-alive connection, each one timed."""
     seq = int(time.time() * 1000)
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with httpx.AsyncClient(base_url=url, limits=limits, headers=headers, timeout=10) as c:
+    async with httpx.AsyncClient(
+        base_url=url, limits=limits, headers=headers, timeout=10, verify=verify or True
+    ) as c:
         await asyncio.sleep(offset)
         while time.monotonic() < until:
             seq += 1
@@ -151,11 +181,11 @@ async def agent(url: str, server: str, until: float, latencies: Latencies, offse
             await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - started)))
 
 
-def crowd_process(port: int, results: Any, stop: Any) -> None:
+def crowd_process(port: int, ca: Path | None, results: Any, stop: Any) -> None:
     """The slow clients, in a process of their own (their work must not slow the agents down)."""
 
     async def run() -> Crowd:
-        crowd = Crowd(port)
+        crowd = Crowd(port, client_context(ca) if ca else None)
         tasks = [asyncio.create_task(crowd.one(i % len(KINDS))) for i in range(SLOW)]
         while not stop.is_set():
             crowd.samples.append(crowd.open_now)
@@ -169,29 +199,30 @@ def crowd_process(port: int, results: Any, stop: Any) -> None:
     results.put((crowd.samples, crowd.dropped, crowd.lifetimes))
 
 
-async def round_(url: str, agents: int, seconds: float) -> Latencies:
+async def round_(url: str, agents: int, seconds: float, ca: Path | None) -> Latencies:
     latencies = Latencies()
     until = time.monotonic() + seconds
+    verify = client_context(ca) if ca else None
     await asyncio.gather(
-        *(agent(url, f"s{i}", until, latencies, i / agents) for i in range(agents))
+        *(agent(url, f"s{i}", until, latencies, i / agents, verify) for i in range(agents))
     )
     return latencies
 
 
 def measure(
-    url: str, port: int, agents: int, seconds: float, slow: bool
+    url: str, port: int, agents: int, seconds: float, slow: bool, ca: Path | None
 ) -> tuple[Latencies, Crowd]:
     crowd = Crowd(port)
     if not slow:
-        return asyncio.run(round_(url, agents, seconds)), crowd
+        return asyncio.run(round_(url, agents, seconds, ca)), crowd
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     stop = context.Event()
-    process = context.Process(target=crowd_process, args=(port, results, stop))
+    process = context.Process(target=crowd_process, args=(port, ca, results, stop))
     process.start()
     time.sleep(2.0)  # all of them connected before the agents start
     try:
-        latencies = asyncio.run(round_(url, agents, seconds))
+        latencies = asyncio.run(round_(url, agents, seconds, ca))
     finally:
         stop.set()
     crowd.samples, crowd.dropped, crowd.lifetimes = results.get(timeout=60)
@@ -205,6 +236,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds per round")
     parser.add_argument("--agents", type=int, default=100, help="agents, a report a second each")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 15 s")
+    parser.add_argument("--tls", action="store_true", help="the manager serves HTTPS")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.seconds = 2, 15.0
@@ -212,17 +244,28 @@ def main() -> int:
     pinned = shutil.which("taskset") is not None and (os.cpu_count() or 1) > 1
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
-        config = write_config(Path(tmp), args.agents, port)
+        config = write_config(Path(tmp), args.agents, port, tls=args.tls)
+        ca = Path(tmp) / "pki" / "ca.pem" if args.tls else None
         command = [sys.executable, "-m", "cli", "manager", "--config", str(config)]
         command += ["--log-level", "error"]
         if pinned:
             command = ["taskset", "-c", "0", *command]
             os.sched_setaffinity(0, set(range(1, os.cpu_count() or 2)))
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if args.tls else 'http'}://127.0.0.1:{port}"
+        verify = client_context(ca) if ca else None
+
+        def ready(_: object) -> bool:
+            if verify is None:
+                return http_answers(f"{url}/healthz")
+            try:
+                return httpx.get(f"{url}/healthz", verify=verify, timeout=1).is_success
+            except httpx.HTTPError:
+                return False
+
         manager = spawn(
             command,
             name="manager",
-            ready=lambda _: http_answers(f"{url}/healthz"),
+            ready=ready,
             log=Path(tmp) / "manager.log",
             timeout=30,
             env={**os.environ, "DNSLB_BENCH_TOKEN": TOKEN},
@@ -235,7 +278,8 @@ def main() -> int:
             for number in range(args.rounds):
                 for name in ("quiet", "slowloris"):
                     print(f"round {number + 1}/{args.rounds}: {name}", file=sys.stderr)
-                    got, crowd = measure(url, port, args.agents, args.seconds, name == "slowloris")
+                    slow = name == "slowloris"
+                    got, crowd = measure(url, port, args.agents, args.seconds, slow, ca)
                     total, crowds = results[name]
                     total.sent += got.sent
                     total.ok += got.ok
@@ -247,6 +291,7 @@ def main() -> int:
     print(
         f"\n{args.agents} agents, a report a second each; {args.rounds} rounds of "
         f"{args.seconds:.0f} s per condition; manager {'on CPU 0' if pinned else 'not pinned'}"
+        f"{', over TLS' if args.tls else ''}"
     )
     print(f"{'condition':11} {'sent':>7} {'204':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     p99 = {}

@@ -25,6 +25,8 @@ from urllib.parse import quote
 from dnslb.errors import DnslbError
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8700"
@@ -54,15 +56,21 @@ class Client:
         token: str,
         *,
         timeout: float = 10.0,
+        verify: ssl.SSLContext | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``verify``: how an ``https://`` manager is verified (default: the system's trust
+        store)."""
         import httpx  # noqa: PLC0415 (imported when a command runs, not to build the parser)
+
+        from dnslb.tls import client_context  # noqa: PLC0415
 
         self.url = url.rstrip("/")
         self.http = httpx.Client(
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "dnslb-ctl"},
             timeout=timeout,
+            verify=verify or client_context(),
             transport=transport,
         )
 
@@ -88,9 +96,11 @@ class Client:
                 method, path, params=dict(params or {}), json=body if body is not None else None
             )
         except httpx.TransportError as exc:
+            from dnslb.tls import verification_failure  # noqa: PLC0415
+
+            reason = verification_failure(exc) or exc or type(exc).__name__
             raise CtlError(
-                f"cannot reach the manager at {self.url}: {exc or type(exc).__name__}",
-                EXIT_UNREACHABLE,
+                f"cannot reach the manager at {self.url}: {reason}", EXIT_UNREACHABLE
             ) from None
         if response.status_code >= 400:
             raise _refusal(response)
@@ -278,6 +288,52 @@ def _change(event: Mapping[str, Any]) -> str:
     return f"{before or '?'} -> {after or '?'}"
 
 
+def show_explanation(found: Mapping[str, Any]) -> str:
+    """A name's members and why each is or is not answered, then one answer of now."""
+    age = found["plan_age"]
+    plan = f"plan v{found['plan_version']}" + (f", {age:.1f} s old" if age is not None else "")
+    if found["stale"]:
+        plan += ", stale: answers carry the TTL floor"
+    lines = [
+        f"{found['name']} (pool {found['pool']}): {plan}",
+        f"k {found['k']}, TTL floor {found['ttl_floor']} s, fallback {found['fallback']}; "
+        f"paused above {found['th_over']:g}, resumed below {found['resume_below']:g}",
+        "",
+    ]
+    rows = [
+        [
+            member["id"],
+            member["address"],
+            member["state"] or "-",
+            member["plan_state"] or "-",
+            _num(member["utilization"]),
+            _num(member["weight"], 1),
+            _num(member["ttl"]),
+            _paused(member),
+            f"{member['first_share']:.0%}",
+            f"{member['answer_share']:.0%}",
+            member["why"],
+        ]
+        for member in found["members"]
+    ]
+    headers = ["SERVER", "ADDRESS", "STATE", "IN PLAN", "UTIL", "WEIGHT", "TTL", "PAUSED"]
+    lines.append(table([*headers, "FIRST", "IN", "WHY"], rows))
+    lines.append("")
+    if not found["answers"]:
+        lines.append("no answer: the published plan does not hold this pool yet")
+    for answer in found["answers"]:
+        addresses = " ".join(answer["addresses"]) or "no address (NODATA)"
+        members = ", ".join(answer["members"])
+        fallback = ", by the fallback" if answer["fallback"] else ""
+        lines.append(
+            f"{answer['family']} now: {addresses}"
+            + (f" ({members})" if members else "")
+            + f", TTL {answer['ttl']}{fallback}; one of {answer['rotation']} answers in the "
+            "rotation (each pipe backend starts it at a random place)"
+        )
+    return "\n".join(lines)
+
+
 # -- commands ---------------------------------------------------------------------------------
 
 Command = Callable[[Client, argparse.Namespace], tuple[Any, str]]
@@ -319,6 +375,11 @@ def _events(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return page, show_events(page)
 
 
+def _explain(client: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    found = client.request("GET", f"/v1/explain/{_segment(args.name)}")
+    return found, show_explanation(found)
+
+
 def _segment(value: str) -> str:
     return quote(value, safe="")
 
@@ -328,6 +389,7 @@ COMMANDS: dict[str, Command] = {
     "pools": _pools,
     "servers": _servers,
     "events": _events,
+    "explain": _explain,
     **dict.fromkeys(("pause", "resume", "disable", "enable", "drain"), _action),
 }
 
@@ -335,6 +397,17 @@ COMMANDS: dict[str, Command] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options and commands of ``dnslb ctl``."""
     parser.add_argument("--url", help=f"manager URL (default $DNSLB_URL or {DEFAULT_URL})")
+    parser.add_argument(
+        "--ca-file",
+        metavar="PATH",
+        help="CA certificate(s) an https:// manager is verified with (default $DNSLB_CA_FILE, "
+        "else the system's trust store)",
+    )
+    parser.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        help="send the token in clear text to an http:// URL beyond this host",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--token-env",
@@ -365,6 +438,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     events.add_argument("--kind", action="append", help="only this kind (repeatable)")
     events.add_argument("--limit", type=int, default=20, help="how many (default 20)")
     events.add_argument("--before-id", type=int, help="older than this event id (paging)")
+    explain = actions.add_parser(
+        "explain", help="why a name answers as it does: members, weights, pauses, an answer now"
+    )
+    explain.add_argument("name", metavar="NAME", help="a pool's name or its DNS name")
+
+
+def _verify(url: str, args: argparse.Namespace, environ: Mapping[str, str]) -> ssl.SSLContext:
+    """The client's TLS context; :class:`CtlError` when ``url`` would carry the token in clear
+    text beyond this host without ``--allow-plaintext``, or the CA file is unusable."""
+    from dnslb.tls import client_context, plaintext_url_problem  # noqa: PLC0415
+
+    problem = plaintext_url_problem("--url", url, getattr(args, "allow_plaintext", False))
+    if problem:
+        raise CtlError(
+            problem.replace("set allow_plaintext: true", "pass --allow-plaintext"), EXIT_USAGE
+        )
+    ca_file = getattr(args, "ca_file", None) or environ.get("DNSLB_CA_FILE") or None
+    try:
+        return client_context(ca_file)
+    except ValueError as exc:
+        raise CtlError(str(exc), EXIT_USAGE) from None
 
 
 def run(
@@ -381,7 +475,8 @@ def run(
     try:
         token = read_token(args, environ)
         url = args.url or environ.get("DNSLB_URL") or DEFAULT_URL
-        with Client(url, token, timeout=args.timeout, transport=transport) as client:
+        verify = _verify(url, args, environ)
+        with Client(url, token, timeout=args.timeout, verify=verify, transport=transport) as client:
             document, text = COMMANDS[args.ctl_command](client, args)
     except CtlError as exc:
         print(f"dnslb ctl: {exc}", file=err)

@@ -51,6 +51,12 @@ def add_pdns_config_arguments(parser: argparse.ArgumentParser) -> None:
         "user (default: the pipe backend's, $STATE_DIRECTORY or ~/.local/state/dnslb/"
         "pipe-backend of the pdns user)",
     )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="have the pipe backend answer TXT at _dnslb-explain.<pool name> with the pool's "
+        "members, weights, TTLs and states (readable by anyone who can query pdns; off)",
+    )
 
 
 def run_pdns_config(args: argparse.Namespace) -> int:
@@ -64,6 +70,7 @@ def run_pdns_config(args: argparse.Namespace) -> int:
         threads=args.threads,
         redis_password_file=str(Path(password_file).resolve()) if password_file else None,
         state_dir=str(Path(args.state_dir).resolve()) if args.state_dir else None,
+        explain=args.explain,
     )
     sys.stdout.write(render_config(settings, args.socket_dir))
     return 0

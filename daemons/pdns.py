@@ -29,8 +29,12 @@ def pipe_command(
     python: str | None = None,
     redis_password_file: str | os.PathLike[str] | None = None,
     state_dir: str | os.PathLike[str] | None = None,
+    explain: bool = False,
 ) -> list[str]:
     """The coprocess command line PowerDNS should run for a plan location.
+
+    ``explain`` turns on the debug TXT answers at ``_dnslb-explain.<pool>``
+    (:mod:`pipe_backend.explain`).
 
     ``state_dir`` is the pipe backend's ``--state-dir`` (an absolute path; where it keeps its
     last good plan): without it the pipe backend picks its default, ``$STATE_DIRECTORY`` or the
@@ -70,6 +74,8 @@ def pipe_command(
         if not os.path.isabs(state_dir):
             raise ConfigError("pipe-command", [f"{str(state_dir)!r}: must be an absolute path"])
         command += ["--state-dir", str(state_dir)]
+    if explain:
+        command.append("--explain")
     unsafe = [part for part in command if not part.isprintable() or any(c.isspace() for c in part)]
     if unsafe:
         raise ConfigError(
@@ -104,6 +110,8 @@ class PdnsSettings:
     redis_password_file: str | None = None
     # The pipe backend's --state-dir, writable by the pdns user (None: its own default).
     state_dir: str | None = None
+    # The pipe backend's --explain: TXT at _dnslb-explain.<pool> (a debugging aid; off).
+    explain: bool = False
 
 
 def render_config(settings: PdnsSettings, socket_dir: str | os.PathLike[str]) -> str:
@@ -114,6 +122,7 @@ def render_config(settings: PdnsSettings, socket_dir: str | os.PathLike[str]) ->
             python=settings.python,
             redis_password_file=settings.redis_password_file,
             state_dir=settings.state_dir,
+            explain=settings.explain,
         )
     )
     return f"""\

@@ -34,8 +34,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from dnslb.config import PluginConfig, Secret, setting
+from dnslb.config import FileReference, PluginConfig, Secret, setting
 from dnslb.report import MAX_ID_LENGTH
+from dnslb.tls import ca_file_problem, plaintext_url_problem
 
 
 def _url_problem(name: str, url: str) -> str | None:
@@ -131,12 +132,26 @@ class AgentConfig:
     manager_timeout: float = setting(
         2.0, help="seconds to wait for the manager to take a report", min=0.05, max=60.0
     )
+    ca_file: FileReference | None = setting(
+        None,
+        help="CA certificate(s) an https:// manager_url is verified with (null: the system's "
+        "trust store)",
+    )
+    allow_plaintext: bool = setting(
+        False,
+        help="send the token in clear text to an http:// manager_url beyond this host (only on "
+        "a network you trust)",
+    )
 
     def config_problems(self) -> Iterator[str]:
         if len(self.server_id) > MAX_ID_LENGTH:
             yield f"server_id: must be at most {MAX_ID_LENGTH} characters"
-        problem = _url_problem("manager_url", self.manager_url)
+        problem = _url_problem("manager_url", self.manager_url) or plaintext_url_problem(
+            "manager_url", self.manager_url, self.allow_plaintext
+        )
         if problem:
+            yield problem
+        if problem := ca_file_problem(self.ca_file):
             yield problem
         if self.backoff_cap < self.interval:
             yield (f"backoff_cap ({self.backoff_cap}) must be at least interval ({self.interval})")

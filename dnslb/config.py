@@ -8,7 +8,9 @@ then built field by field from the dataclasses' type hints:
 - nested dataclasses, ``tuple[T, ...]`` (from a YAML list), ``Mapping[str, T]``, ``T | None``;
 - a union of dataclasses told apart by their ``type: Literal["name"]`` field, or a
   :class:`PluginConfig` family: every configuration registered in it, told apart the same way;
-- :class:`Secret`: written as a reference, ``env:NAME`` or ``file:/path``, never as the value.
+- :class:`Secret`: written as a reference, ``env:NAME`` or ``file:/path``, never as the value;
+- :class:`FileReference`: a file the program opens itself (a TLS certificate, key or CA), written
+  ``file:PATH`` like a secret and, like one, relative to the configuration's directory.
 
 Unknown keys are errors; so are duplicate keys. A field's default comes from the dataclass;
 :func:`setting` adds bounds and the help text that :func:`reference` turns into documentation. A
@@ -29,6 +31,7 @@ import functools
 import inspect
 import math
 import os
+import stat
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -211,6 +214,53 @@ def resolve_secret(
     raise ValueError("a secret must be a reference, env:NAME or file:PATH, never the value itself")
 
 
+class FileReference:
+    """A file a component opens by its path (``ssl`` reads certificates and keys from files, not
+    from memory), written ``file:PATH``. Resolving it checks that it is a regular file the
+    process can read, without reading it; what is in it is checked by whoever uses it."""
+
+    __slots__ = ("path", "reference")
+
+    def __init__(self, path: Path, reference: str) -> None:
+        self.path = path
+        self.reference = reference
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"FileReference({self.reference})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FileReference) and other.reference == self.reference
+
+    def __hash__(self) -> int:
+        return hash(self.reference)
+
+
+def resolve_file_reference(
+    reference: str, *, base: Path | None = None, refuse_files: str | None = None
+) -> FileReference:
+    """Resolve ``file:PATH`` (relative to ``base``) to a readable regular file; ValueError says
+    why not. With ``refuse_files``, refused with that reason before the file is looked at."""
+    kind, _, target = reference.partition(":")
+    if kind != "file" or not target:
+        raise ValueError(f"must be a file reference, file:PATH, not {reference!r}")
+    if refuse_files is not None:
+        raise ValueError(refuse_files)
+    path = Path(target)
+    if base is not None and not path.is_absolute():
+        path = base / path
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        with path.open("rb"):  # readable by this process (a FIFO was refused above)
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    return FileReference(path, reference)
+
+
 def setting(
     default: Any = dataclasses.MISSING,
     *,
@@ -322,7 +372,7 @@ def _plain(hint: Any) -> bool:
     args = typing.get_args(hint)
     if args:
         return all(arg is Ellipsis or _plain(arg) for arg in args)
-    if hint in (str, int, float, bool, type(None), Secret):
+    if hint in (str, int, float, bool, type(None), Secret, FileReference):
         return True
     return isinstance(hint, type) and issubclass(hint, enum.Enum)
 
@@ -407,6 +457,15 @@ class _Builder:
                 return None
             try:
                 return resolve_secret(value, base=self.base, refuse_files=self.refuse_files)
+            except ValueError as exc:
+                self.fail(node, path, str(exc))
+                return None
+        if hint is FileReference:
+            if not isinstance(value, str):
+                self.fail(node, path, "must be a file reference, file:PATH")
+                return None
+            try:
+                return resolve_file_reference(value, base=self.base, refuse_files=self.refuse_files)
             except ValueError as exc:
                 self.fail(node, path, str(exc))
                 return None
@@ -614,7 +673,7 @@ def to_document(value: Any) -> Any:
 
     Secrets become their references, enums their values, tuples lists; never a secret's value.
     """
-    if isinstance(value, Secret):
+    if isinstance(value, Secret | FileReference):
         return value.reference
     if isinstance(value, enum.Enum):
         return value.value
@@ -703,6 +762,8 @@ def _type_text(hint: Any) -> str:
         return " \\| ".join(f"`{arg}`" for arg in args)
     if hint is Secret:
         return "secret (`env:NAME` or `file:PATH`)"
+    if hint is FileReference:
+        return "file (`file:PATH`)"
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return " \\| ".join(f"`{member.value}`" for member in hint)
     return getattr(hint, "__name__", str(hint))
@@ -736,6 +797,7 @@ def _bounds_text(meta: Mapping[str, Any]) -> str:
 # -- JSON Schema ------------------------------------------------------------------------------
 
 SECRET_PATTERN = "^(env|file):.+$"  # noqa: S105 (a reference's shape, not a secret)
+FILE_PATTERN = "^file:.+$"
 
 
 def json_schema(schema: type) -> dict[str, Any]:
@@ -773,6 +835,8 @@ def _schema_of(hint: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
         return {"enum": list(args)}
     if hint is Secret:
         return {"type": "string", "pattern": SECRET_PATTERN}
+    if hint is FileReference:
+        return {"type": "string", "pattern": FILE_PATTERN}
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return {"type": "string", "enum": [member.value for member in hint]}
     if hint is bool:

@@ -63,6 +63,7 @@ class ServerView:
     cost_seconds: float  # server-seconds so far
     served: int  # requests served while known to this manager
     answers: int | None  # answers that held it, counted by the pipe backends (None: unknown)
+    why: str  # why it is or is not in the published plan's answers (as explain says it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,87 @@ class PlanView:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberExplanation:
+    """One server of a pool in the published plan, and why it is or is not answered."""
+
+    id: str
+    address: str
+    state: ServerState | None  # its lifecycle state; None: in the plan, no longer managed
+    plan_state: str | None  # its state in the published plan; None: not in it
+    in_answers: bool  # in at least one answer of the published plan's rotation
+    weight: float | None  # in the published plan
+    ttl: int | None
+    utilization: float | None  # smoothed, now
+    first_share: float  # share of its family's answers it comes first in (0 to 1)
+    answer_share: float  # share of its family's answers it is in (0 to 1)
+    paused: bool  # by the policy (above th_over)
+    admin_paused: bool
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerExample:
+    """One answer of a pool's rotation (one address family), as a client gets it."""
+
+    family: str  # "A" or "AAAA"
+    members: tuple[str, ...]  # server ids, in the answer's order
+    addresses: tuple[str, ...]
+    ttl: int
+    fallback: bool  # chosen by the pool's fallback (no member of the family is active)
+    rotation: int  # answers in the rotation this one is taken from
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why a load-balanced name answers as it does: its members and an answer of now."""
+
+    name: str  # the DNS name
+    pool: str
+    plan_version: int
+    plan_age: float | None
+    stale: bool  # older than its stale_after: answers carry the TTL floor
+    k: int
+    ttl_floor: int
+    fallback: str
+    th_over: float
+    resume_below: float  # th_over - hysteresis
+    members: tuple[MemberExplanation, ...]
+    answers: tuple[AnswerExample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSample:
+    """One server over one interval of the history."""
+
+    id: str
+    state: ServerState  # at the end of the interval
+    utilization: float | None  # mean of the ticks' smoothed utilization; None: no report
+    weight: float | None  # in the plan at the end of the interval; None: not answered
+    ttl: int | None
+    paused: bool  # paused (policy or operator) at any tick of the interval
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSample:
+    """One pool over one interval of the history, ending at ``time``."""
+
+    time: float  # unix seconds
+    pool: str
+    servers: Mapping[str, int]  # servers by state at the end (terminated left out)
+    cost_seconds: float  # the pool's server-seconds so far
+    members: tuple[ServerSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The manager's recent past, oldest first: a bounded ring of samples per pool."""
+
+    resolution: float  # seconds per sample
+    retention: float  # seconds the ring holds
+    samples: tuple[PoolSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ManagerStats:
     """Process-level figures for the metrics."""
 
@@ -99,6 +181,45 @@ class ManagerStats:
     tick_errors: int
     reports: Mapping[str, int]  # report outcomes: accepted, bad_token, stale_seq...
     ready: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTelemetry:
+    """One pool's figures for the alerting rules (``deploy/prometheus/dnslb.rules.yml``)."""
+
+    name: str
+    plan_members: Mapping[str, int]  # members of the published plan by plan state; {}: no plan
+    left_out: int  # servers left out of the plan for data a pipe backend would refuse
+    launches: int | None  # launches asked of its provider since the manager started; None: none
+    launch_failures: int | None
+    launch_backoff: bool  # launching paused after too many failures in a row
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTelemetry:
+    """One single-IP cluster's figures for the alerting rules."""
+
+    name: str
+    failovers: int  # tables installed by failover since the manager started
+    tick_errors: Mapping[str, int]  # parts of its controller's ticks that failed, by part
+    nodes_alive: Mapping[str, bool]  # node id -> alive (heard from within failover_after)
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """Figures that only ``/metrics`` shows, for the alerting rules. Counts run since the
+    manager started."""
+
+    plan_refresh: float  # seconds: an unchanged plan is republished this often
+    plan_stale_after: float  # seconds: pipe backends answer with TTL floors past this age
+    plan_refused: bool  # the newest plan is not published: a pipe backend would refuse it
+    plans_refused: int
+    publish_errors: int  # publications the plan store refused or did not answer
+    store_up: bool | None  # the last publication succeeded; None: none tried yet
+    tick_part_errors: Mapping[str, int]  # parts of ticks that failed, by part
+    first_answers: Mapping[str, int]  # server id -> answers it came first in (pipe backends)
+    pools: tuple[PoolTelemetry, ...]
+    clusters: tuple[ClusterTelemetry, ...]
 
 
 class ManagerControl(Protocol):
@@ -137,3 +258,14 @@ class ManagerControl(Protocol):
     ) -> Sequence[Event]: ...
 
     def stats(self) -> ManagerStats: ...
+
+    def telemetry(self) -> Telemetry: ...
+
+    def explain(self, name: str) -> Explanation:
+        """Why ``name`` (a pool's name or DNS name) answers as it does, from the published plan;
+        :class:`NotFound` for no such pool or no plan yet."""
+        ...
+
+    def history(self, *, pool: str | None = None, since: float | None = None) -> History:
+        """Samples newer than ``since`` (unix seconds), oldest first."""
+        ...

@@ -373,3 +373,15 @@ def answer_counts(answers: Sequence[Answer], counts: Sequence[int]) -> dict[str,
             if place == 0:
                 slot[0] += count
     return {member: (first, seen) for member, (first, seen) in totals.items()}
+
+
+def answer_shares(answers: PoolAnswers) -> dict[str, tuple[float, float]]:
+    """Per member id: the share of its address family's answers it comes first in and the
+    share it is in (each 0 to 1), over one rotation. Fallback answers count like any other."""
+    shares: dict[str, tuple[float, float]] = {}
+    for family in (answers.v4, answers.v6):
+        if not family:
+            continue
+        for member, (first, seen) in answer_counts(family, [1] * len(family)).items():
+            shares[member] = (first / len(family), seen / len(family))
+    return shares

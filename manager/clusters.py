@@ -68,6 +68,7 @@ import asyncio
 import json
 import logging
 import math
+import ssl
 from abc import ABC, abstractmethod
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
@@ -91,6 +92,7 @@ from dnslb.dispatch import (
 from dnslb.errors import DnslbError, ProtocolError
 from dnslb.plan import MAX_TIME, show, text_problem
 from dnslb.report import MAX_COUNT, MAX_SEQ, Report, TableHeld, id_problem
+from dnslb.tls import client_context, verification_failure
 
 log = logging.getLogger(__name__)
 
@@ -213,9 +215,19 @@ class HttpTablePusher(TablePusher):
     floods its answer costs one failed push, never a stuck task or the manager's memory.
     """
 
-    def __init__(self, timeout: float = 1.0, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        timeout: float = 1.0,
+        client: httpx.AsyncClient | None = None,
+        *,
+        verify: ssl.SSLContext | None = None,
+    ) -> None:
+        """``verify``: how ``https://`` node agents are verified (default: the system's trust
+        store; :func:`dnslb.tls.client_context` with the cluster's ``ca_file``)."""
         self._timeout = timeout
-        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._client = client or httpx.AsyncClient(
+            timeout=timeout, verify=verify or client_context(), trust_env=False
+        )
 
     async def push(self, node: ClusterNode, body: bytes) -> PushResult:
         url = node.agent_url.rstrip("/") + "/v1/table"
@@ -235,7 +247,8 @@ class HttpTablePusher(TablePusher):
         except TimeoutError:
             return PushResult(0, None, f"no answer within {self._timeout:g} s")
         except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-            return PushResult(0, None, clean_text(f"{type(exc).__name__}: {exc}"))
+            reason = verification_failure(exc) or f"{type(exc).__name__}: {exc}"
+            return PushResult(0, None, clean_text(reason))
         return parse_push_answer(response.status_code, bytes(data))
 
     async def aclose(self) -> None:
@@ -343,6 +356,7 @@ class ClusterController:
         self._tasks: set[asyncio.Task[None]] = set()
         self.events: deque[ClusterEvent] = deque(maxlen=max_events)
         self.tick_errors: Counter[str] = Counter()  # parts of ticks that failed, by part
+        self.failovers = 0  # tables installed by failover (for the metrics)
         self._tick_error_logged: dict[str, str] = {}
 
     # --- inputs ----------------------------------------------------------------------------
@@ -597,6 +611,7 @@ class ClusterController:
         )
         failed = failover(table, gone, self.weights(now), version=self._next_version())
         self._install(now, failed, "failover", why)
+        self.failovers += 1
         return False
 
     def _decide_rebuild(self, now: float, alive: list[str]) -> None:

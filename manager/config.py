@@ -19,12 +19,18 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from dnslb.config import Secret, load_config, setting
+from dnslb.config import FileReference, Secret, load_config, setting
 from dnslb.dnsname import name_problem, normalize
 from dnslb.plan import STATIC_TYPES, address_problem, show, text_problem
 from dnslb.policy import PoolPolicy
 from dnslb.report import id_problem
 from dnslb.scaling import ScalingPolicy
+from dnslb.tls import (
+    TlsListenerConfig,
+    ca_file_problem,
+    plaintext_listener_problem,
+    plaintext_url_problem,
+)
 from manager.checks import HealthCheckConfig
 from manager.clusters import ClusterNode, ClusterSettings
 from manager.providers import ProviderConfig
@@ -57,19 +63,48 @@ class HttpConfig:
         min=1,
         max=1_000_000,
     )
+    tls: TlsListenerConfig | None = setting(
+        None, help="serve HTTPS (TLS 1.2 or later) with this certificate and key; null: HTTP"
+    )
+    agent_ca_file: FileReference | None = setting(
+        None,
+        help="CA certificate(s) the agents of servers the manager launches verify it with "
+        "(local provider; null: the system's trust store)",
+    )
+    allow_plaintext: bool = setting(
+        False,
+        help="accept tokens in clear text from beyond this host: plain HTTP on an address that "
+        "is not loopback, or an http:// advertise_url to another host (only on a network you "
+        "trust)",
+    )
 
     @property
     def url(self) -> str:
         if self.advertise_url:
             return self.advertise_url.rstrip("/")
         host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     def config_problems(self) -> Iterator[str]:
         try:
             ipaddress.ip_address(self.address)
         except ValueError:
             yield f"address: {self.address!r} is not an IP address"
+        else:
+            problem = plaintext_listener_problem(
+                "address", self.address, self.tls is not None, self.allow_plaintext
+            )
+            if problem:
+                yield problem
+        if self.advertise_url is not None:
+            problem = plaintext_url_problem(
+                "advertise_url", self.advertise_url, self.allow_plaintext
+            )
+            if problem:
+                yield problem
+        if problem := ca_file_problem(self.agent_ca_file):
+            yield f"agent_{problem}"
         for index, origin in enumerate(self.cors_origins):
             parsed = urlsplit(origin)
             if (
@@ -218,7 +253,7 @@ class ClusterNodeConfig:
     """A node of a single-IP cluster."""
 
     id: str = setting(help="node id (in tables; its node agent reports under it)")
-    agent_url: str = setting(help="its node agent's URL, e.g. http://10.0.0.11:8701")
+    agent_url: str = setting(help="its node agent's URL, e.g. https://10.0.0.11:8701")
     token: Secret = setting(help="the node agent's token: authenticates pushes and its reports")
 
 
@@ -251,12 +286,33 @@ class ClusterConfig:
         1.0, help="seconds a node (back) in service must stay alive before it joins", min=0.0
     )
     push_timeout: float = setting(1.0, help="seconds a table push may take", min=0.01)
+    ca_file: FileReference | None = setting(
+        None,
+        help="CA certificate(s) that node agents' https:// listeners are verified with (null: "
+        "the system's trust store)",
+    )
+    allow_plaintext: bool = setting(
+        False,
+        help="push tables (and their token) in clear text to http:// agent URLs beyond this "
+        "host (only on a network you trust)",
+    )
 
     def config_problems(self) -> Iterator[str]:
         try:
             ipaddress.IPv4Address(self.vip)
         except ValueError:
             yield f"vip: {self.vip!r} is not an IPv4 address (clusters are IPv4 only)"
+        for index, node in enumerate(self.nodes):
+            url = node.agent_url
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                yield f"nodes[{index}].agent_url: {url!r} is not an http(s) URL"
+            elif problem := plaintext_url_problem(
+                f"nodes[{index}].agent_url", url, self.allow_plaintext
+            ):
+                yield problem
+        if problem := ca_file_problem(self.ca_file):
+            yield problem
         ids = [node.id for node in self.nodes]
         if len(set(ids)) != len(ids):
             yield "nodes: node ids must be unique"

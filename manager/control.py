@@ -10,25 +10,39 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dnslb.config import parse_config, to_document
 from dnslb.control import (
     AdminAction,
+    ClusterTelemetry,
+    Explanation,
+    History,
     ManagerControl,
     ManagerStats,
     NotFound,
     PlanView,
+    PoolTelemetry,
     PoolView,
     ServerView,
+    Telemetry,
 )
+from dnslb.dnsname import normalize
 from dnslb.model import Event, ServerState
-from dnslb.plan import MemberState
+from dnslb.plan import Member, MemberState, Plan, Pool
 from dnslb.report import MAX_SERVED
+from dnslb.selection import PoolAnswers, pool_answers
 from manager.config import MemberConfig, PoolConfig
+from manager.explain import Shares, explain_pool, rotation_shares, server_reason
 from manager.fleet import PoolRuntime, ServerRuntime
 from manager.lifecycle import server_cost
 from manager.service import Manager
+
+# The parts of a tick that fail apart, each counted from 0 so that a first failure is an increase
+# Prometheus sees: Manager.tick's (what Manager._isolated is told) and ClusterController.tick's.
+TICK_PARTS = ("server", "lifecycle", "cluster load")
+CLUSTER_TICK_PARTS = ("failover", "rebuild", "push")
 
 
 class Control:
@@ -36,6 +50,8 @@ class Control:
 
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
+        # The published plan's rotations, computed once per plan (and staleness) and name.
+        self._standings: tuple[Plan | None, bool, dict[str, _Standing]] = (None, False, {})
 
     # -- views --------------------------------------------------------------------------------
 
@@ -81,6 +97,57 @@ class Control:
             cost_seconds=server_cost(record, self.manager.clock.time()),
             served=server.served,
             answers=answers[server.id][1] if answers and server.id in answers else None,
+            why=self._why(server),
+        )
+
+    def _standing(self, dns_name: str) -> _Standing:
+        """The published plan's pool of ``dns_name``, its rotation and members' shares."""
+        plan = self.manager.plan
+        stale = plan.is_stale(self.manager.clock.time()) if plan is not None else False
+        cached_plan, cached_stale, standings = self._standings
+        if cached_plan is not plan or cached_stale != stale:
+            standings = {}
+            self._standings = (plan, stale, standings)
+        found = standings.get(dns_name)
+        if found is None:
+            planned = None
+            if plan is not None:
+                planned = next((p for p in plan.pools if p.name == dns_name), None)
+            answers = pool_answers(planned, stale=stale) if planned is not None else None
+            found = standings[dns_name] = _Standing(
+                pool=planned,
+                answers=answers,
+                members={m.id: m for m in planned.members} if planned is not None else {},
+                shares=rotation_shares(answers) if answers is not None else {},
+            )
+        return found
+
+    def _operator_reasons(self, servers: Sequence[ServerRuntime]) -> dict[str, str]:
+        """The reason of each operator's pause among ``servers`` (from the event log)."""
+        reasons = {}
+        for server in servers:
+            if not server.record.admin_paused:
+                continue
+            found = self.manager.store.events(server=server.id, kinds=("admin_pause",), limit=1)
+            if found:
+                reasons[server.id] = found[0].reason.removeprefix("operator").lstrip(": ")
+        return reasons
+
+    def _why(self, server: ServerRuntime) -> str:
+        pool = self.manager.fleet.pools.get(server.record.pool)
+        if pool is None:
+            return server.record.state_reason
+        standing = self._standing(pool.config.dns_name)
+        return server_reason(
+            server,
+            standing.members.get(server.id),
+            standing.shares.get(server.id),
+            policy=pool.policy,
+            fallback=pool.policy.fallback.value,
+            now=self.manager.clock.monotonic(),
+            down_after=self.manager.config.down_after,
+            left_out=self.manager.members_left_out.get(server.id),
+            operator_reason=self._operator_reasons([server]).get(server.id),
         )
 
     def _pool_view(self, pool: PoolRuntime) -> PoolView:
@@ -174,6 +241,35 @@ class Control:
             pool=pool, server=server, kinds=kinds, before_id=before_id, limit=limit
         )
 
+    def explain(self, name: str) -> Explanation:
+        manager = self.manager
+        wanted = normalize(name)
+        pool = manager.fleet.pools.get(name) or next(
+            (p for p in manager.fleet.pools.values() if p.config.dns_name == wanted), None
+        )
+        if pool is None:
+            raise NotFound(f"no pool named {name!r} (a pool's name or its DNS name)")
+        plan = manager.plan
+        if plan is None:
+            raise NotFound("no plan published yet (after a start the manager waits for reports)")
+        standing = self._standing(pool.config.dns_name)
+        return explain_pool(
+            pool,
+            plan,
+            standing.answers,
+            wall=manager.clock.time(),
+            now=manager.clock.monotonic(),
+            down_after=manager.config.down_after,
+            left_out=manager.members_left_out,
+            operator_reasons=self._operator_reasons(list(pool.servers.values())),
+        )
+
+    def history(self, *, pool: str | None = None, since: float | None = None) -> History:
+        ring = self.manager.history
+        if pool is not None and pool not in self.manager.fleet.pools and pool not in ring.pools():
+            raise NotFound(f"no pool {pool!r}")
+        return ring.view(pool=pool, since=since)
+
     def stats(self) -> ManagerStats:
         manager = self.manager
         plan = manager.plan
@@ -187,6 +283,68 @@ class Control:
             tick_errors=manager.tick_errors,
             reports=dict(manager.ingest.counts),
             ready=manager.ready(),
+        )
+
+    def telemetry(self) -> Telemetry:
+        manager = self.manager
+        plan_members: dict[str, Counter[str]] = {}
+        if manager.plan is not None:
+            for plan_pool in manager.plan.pools:
+                plan_members[plan_pool.name] = Counter(m.state.value for m in plan_pool.members)
+        left_out: Counter[str] = Counter()
+        for server_id in manager.members_left_out:
+            server = manager.fleet.servers.get(server_id)
+            if server is not None:
+                left_out[server.record.pool] += 1
+        now = manager.clock.monotonic()
+        pools = []
+        for name, pool in manager.fleet.pools.items():
+            lifecycle = manager.lifecycles.get(name)
+            members = plan_members.get(pool.config.dns_name, Counter())
+            pools.append(
+                PoolTelemetry(
+                    name=name,
+                    plan_members=(
+                        {state.value: members[state.value] for state in MemberState}
+                        if manager.plan is not None
+                        else {}
+                    ),
+                    left_out=left_out[name],
+                    launches=lifecycle.launches if lifecycle is not None else None,
+                    launch_failures=lifecycle.launch_failures if lifecycle is not None else None,
+                    launch_backoff=lifecycle is not None and now < lifecycle.launch_paused_until,
+                )
+            )
+        clusters = []
+        for name, controller in manager.clusters.items():
+            alive = set(controller.alive(controller.clock()))
+            clusters.append(
+                ClusterTelemetry(
+                    name=name,
+                    failovers=controller.failovers,
+                    tick_errors={
+                        **dict.fromkeys(CLUSTER_TICK_PARTS, 0),
+                        **controller.tick_errors,
+                    },
+                    nodes_alive={
+                        node.node_id: node.node_id in alive for node in controller.settings.nodes
+                    },
+                )
+            )
+        plan = manager.config.plan
+        return Telemetry(
+            plan_refresh=plan.refresh,
+            plan_stale_after=plan.stale_after,
+            plan_refused=manager.plan_problem is not None,
+            plans_refused=manager.plans_refused,
+            publish_errors=manager.publish_errors,
+            store_up=manager.store_up,
+            tick_part_errors={**dict.fromkeys(TICK_PARTS, 0), **manager.part_errors},
+            first_answers={
+                server_id: first for server_id, (first, _) in manager.answer_counts().items()
+            },
+            pools=tuple(pools),
+            clusters=tuple(clusters),
         )
 
     # -- changes ------------------------------------------------------------------------------
@@ -225,6 +383,16 @@ class Control:
 
 
 _CONFORMS: Callable[[Manager], ManagerControl] = Control  # mypy checks Control is one
+
+
+@dataclass(frozen=True, slots=True)
+class _Standing:
+    """A name in the published plan: its pool there, its rotation, its members' shares."""
+
+    pool: Pool | None
+    answers: PoolAnswers | None
+    members: Mapping[str, Member]
+    shares: Mapping[str, Shares]
 
 
 def _stored_count(data: Mapping[str, Any]) -> int:

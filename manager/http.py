@@ -12,6 +12,11 @@ are closed at once. uvicorn has a keep-alive timeout and a cap on concurrency (a
 which would let idle attackers refuse service to agents) but no read timeouts, so the limits are
 kept by :class:`GuardedHttpProtocol`, uvicorn's own protocol with a small watchdog per
 connection. A report's token is checked from the headers, before its body is read.
+
+With TLS (``http.tls``), the handshake is done by the same protocol (``loop.start_tls``) rather
+than by the listening socket, so that a connection counts against the cap from its first byte
+and its TLS handshake is part of its first request's header time: a client that opens a
+connection and never says hello is dropped like one that never sends its headers.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import logging
 import resource
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -176,10 +182,12 @@ class HttpCounts:
     over_capacity: int = 0  # connections closed on arrival: max_connections reached
     large_headers: int = 0  # requests refused with 431
     malformed: int = 0  # requests the HTTP parser refused (400)
+    failed_handshakes: int = 0  # TLS handshakes refused (not TLS, no shared version or cipher)
 
     def total(self) -> int:
         return (
-            self.slow_headers
+            self.failed_handshakes
+            + self.slow_headers
             + self.slow_bodies
             + self.slow_readers
             + self.over_capacity
@@ -204,11 +212,13 @@ class _HeadersTooLarge(Exception):
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a watchdog: read deadlines, a write deadline, a
-    connection cap and a header size cap. ``limits`` and ``counts`` are set per server by
+    connection cap and a header size cap, and the TLS handshake when ``tls`` is set (within the
+    first request's header time). ``limits``, ``counts`` and ``tls`` are set per server by
     :meth:`HttpServer.for_app` (on a subclass of its own)."""
 
     limits: ClassVar[HttpLimits] = HttpLimits()
     counts: ClassVar[HttpCounts] = HttpCounts()
+    tls: ClassVar[ssl.SSLContext | None] = None
     _logged: ClassVar[list[float]] = [float("-inf"), 0.0]  # last log time, total then
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -219,7 +229,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._header_bytes = 0  # bytes received since the request began, before its headers
         self._header_size = 0  # bytes of its URL and headers, as parsed
         self._headers_too_large = False
-        self._refused = False
+        # While the TLS handshake lasts: the TCP transport, and what came before connection_made
+        # (the request may follow the handshake's last message in the same read).
+        self._handshaking: asyncio.Transport | None = None
+        self._early: list[bytes] | None = None
+        self._handshake_task: asyncio.Task[None] | None = None
+        self._made = False  # uvicorn's connection_made called: its connection_lost is due
 
     # -- connection ------------------------------------------------------------------------
 
@@ -227,23 +242,80 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self, transport: asyncio.Transport
     ) -> None:
         if len(self.connections) >= self.limits.max_connections:
-            self._refused = True
             self.counts.over_capacity += 1
             self._note()
             transport.abort()
             return
-        super().connection_made(transport)
-        # A new connection must deliver its first request's headers in time, like any request.
+        # A new connection must deliver its first request's headers in time, like any request;
+        # with TLS, the handshake first, within the same time.
         self._arm_read(self.limits.header_timeout, "headers")
+        if self.tls is None:
+            self._made = True
+            super().connection_made(transport)
+            return
+        self._handshaking = transport
+        self._early = []
+        self.connections.add(self)  # counts against the cap while it shakes hands
+        self._handshake_task = self.loop.create_task(self._handshake(transport, self.tls))
+
+    async def _handshake(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
+        failure: OSError | None = None
+        try:
+            secured = await self.loop.start_tls(
+                transport,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=self.limits.header_timeout,
+            )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            secured, failure = None, exc
+        if self._handshaking is None:
+            return  # dropped meanwhile (too slow, shut down), and counted then
+        if secured is None or secured.is_closing():
+            if isinstance(failure, ssl.SSLError):  # not TLS, no common version or cipher...
+                self.counts.failed_handshakes += 1
+                self._note()
+            self._handshake_ended()
+            transport.abort()
+            return
+        early = self._early or []
+        self._handshaking = None
+        self._early = None
+        self._made = True
+        super().connection_made(secured)
+        for data in early:
+            if self.transport.is_closing():
+                break
+            self.data_received(data)
+
+    def _handshake_ended(self) -> None:
+        """The handshake failed or the connection went before it ended: forget it."""
+        self._handshaking = None
+        self._early = None
+        self._cancel_read()
+        self.connections.discard(self)
+
+    def shutdown(self) -> None:
+        if self._handshaking is not None:
+            self._handshaking.abort()
+            self._handshake_ended()
+            return
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._refused:
+        if self._handshaking is not None:
+            self._handshake_ended()
+        if not self._made:  # refused on arrival, or its TLS handshake never ended
             return
         self._cancel_read()
         self._cancel_write()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._early is not None:
+            self._early.append(data)  # decrypted before start_tls returned: fed to the parser then
+            return
         if self._phase in (_Phase.IDLE, _Phase.APP) and self._read_timer is None:
             # The first bytes of a request (after keep-alive idling, or pipelined).
             self._arm_read(self.limits.header_timeout, "headers")
@@ -360,6 +432,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _too_slow(self, what: str) -> None:
         self._read_timer = None
+        if self._handshaking is not None:  # no hello, or a handshake dragged out
+            self.counts.slow_headers += 1
+            self._note()
+            self._handshaking.abort()
+            self._handshake_ended()
+            return
         if self.transport is None or self.transport.is_closing():
             return
         if what == "headers":
@@ -387,7 +465,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         log.warning(
             "closed %d connection(s) breaking the listener's limits since the last report (in "
             "all: %d slow headers, %d slow bodies, %d slow readers, %d over %d connections, %d "
-            "headers too large, %d malformed requests)",
+            "headers too large, %d malformed requests, %d failed TLS handshakes)",
             counts.total() - int(total_then),
             counts.slow_headers,
             counts.slow_bodies,
@@ -396,6 +474,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.limits.max_connections,
             counts.large_headers,
             counts.malformed,
+            counts.failed_handshakes,
         )
         self._logged[:] = [now, float(counts.total())]
 
@@ -411,13 +490,20 @@ class HttpServer(uvicorn.Server):
         yield
 
     @classmethod
-    def for_app(cls, app: ASGIApp, limits: HttpLimits | None = None) -> HttpServer:
+    def for_app(
+        cls,
+        app: ASGIApp,
+        limits: HttpLimits | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> HttpServer:
+        """A server for ``app`` within ``limits``; with ``tls`` (a server context), HTTPS only."""
         limits = limits or HttpLimits()
         counts = HttpCounts()
         protocol = type(
             "ManagerHttpProtocol",
             (GuardedHttpProtocol,),
-            {"limits": limits, "counts": counts, "_logged": [float("-inf"), 0.0]},
+            {"limits": limits, "counts": counts, "tls": tls, "_logged": [float("-inf"), 0.0]},
         )
         config = uvicorn.Config(
             app,

@@ -104,7 +104,10 @@ class PoolLifecycle:
     config: LifecycleConfig
     clock: Clock
     history: ScalingHistory = field(default_factory=ScalingHistory)
-    failed_launches: int = 0
+    failed_launches: int = 0  # in a row: launching pauses after max_failed_launches
+    last_launch_failure: float = float("-inf")  # wall clock of the last one
+    launches: int = 0  # asked of the provider since the manager started (for the metrics)
+    launch_failures: int = 0
     launch_paused_until: float = float("-inf")
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     terminating: set[str] = field(default_factory=set)
@@ -192,6 +195,7 @@ class PoolLifecycle:
             manager_url=self.provider.context.manager_url,
         )
         self.launching.add(server_id)  # before the task starts: reconcile must not touch it
+        self.launches += 1
         self._spawn(self._launch(server, request), f"launch {server_id}")
         return server
 
@@ -238,7 +242,9 @@ class PoolLifecycle:
 
     def _launch_failed(self, server: ServerRuntime, why: str) -> None:
         wall = self.clock.time()
+        self.last_launch_failure = wall
         self.failed_launches += 1
+        self.launch_failures += 1
         self.fleet.log(wall, "launch_failed", why, pool=self.pool.name, server=server.id)
         if server.record.provider_ref:
             self.retire(server, f"launch failed: {why}")
@@ -257,13 +263,22 @@ class PoolLifecycle:
 
     def _check_warming(self, wall: float) -> None:
         for server in list(self.pool.servers.values()):
-            if server.state is ServerState.ACTIVE and server.record.origin == self.provider.kind:
+            if (
+                server.state is ServerState.ACTIVE
+                and server.record.origin == self.provider.kind
+                and server.record.state_since > self.last_launch_failure
+            ):
+                # A launch worked since the last failure. (A server active since before the
+                # failures proves nothing: it used to reset the count every tick, so a pool with
+                # one running server never paused its failing launches.)
                 self.failed_launches = 0
             if server.state is not ServerState.WARMING or server.id in self.retiring:
                 continue
             waited = wall - server.record.created_at
             if waited > self.config.warming_timeout:
+                self.last_launch_failure = wall
                 self.failed_launches += 1
+                self.launch_failures += 1
                 self.fleet.log(
                     wall,
                     "launch_failed",

@@ -36,11 +36,13 @@ from dnslb.plan import MemberState, Plan, normal_address, parse_plan_json, plan_
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
 from dnslb.policy import update_load
 from dnslb.report import MAX_SERVED, Report
+from dnslb.tls import client_context, server_context
 from dnslb.tokens import token_hash
 from manager.clusters import ClusterController, HttpTablePusher
 from manager.config import LoadedConfig, MemberConfig, PoolConfig
 from manager.fleet import Fleet, PoolRuntime, ServerRuntime
 from manager.health import HealthChecker
+from manager.history import HistoryRing, stored_cost
 from manager.http import HttpLimits, HttpServer, ManagerApp, listen
 from manager.ingest import ReportIngest
 from manager.lifecycle import PROPAGATION, PoolLifecycle
@@ -89,7 +91,9 @@ class Manager:
         for cluster in self.config.clusters:
             controller = ClusterController(
                 cluster.settings(),
-                HttpTablePusher(timeout=cluster.push_timeout),
+                HttpTablePusher(
+                    timeout=cluster.push_timeout, verify=client_context(cluster.ca_file)
+                ),
                 clock=self.clock.monotonic,
             )
             self.clusters[cluster.name] = controller
@@ -118,6 +122,8 @@ class Manager:
         self.part_errors: Counter[str] = Counter()  # parts of ticks that failed, by kind
         self._part_error_logged: dict[str, str] = {}
         self.plans_refused = 0  # plans the pipe backend's rules refused (none published)
+        self.publish_errors = 0  # publications the plan store refused or did not answer
+        self.store_up: bool | None = None  # the last publication succeeded; None: none tried
         self.plan_problem: str | None = None  # why the newest plan was not published
         self.members_left_out: dict[str, str] = {}  # server id -> why the plan left it out
         self._answer_counts: tuple[float, dict[str, tuple[int, int]]] | None = None
@@ -125,6 +131,7 @@ class Manager:
         self._published_at: float | None = None
         self._urgent = asyncio.Event()
         self.api: ASGIApp | None = None
+        self.history = HistoryRing()  # the last hour, for the dashboard
 
     # -- pools ----------------------------------------------------------------------------------
 
@@ -138,6 +145,8 @@ class Manager:
                 state_dir=self._providers_dir / pool.name,
                 manager_url=self.config.http.url,
                 clock=self.clock,
+                manager_ca_file=self.config.http.agent_ca_file,
+                manager_allow_plaintext=self.config.http.allow_plaintext,
             )
             self.lifecycles[pool.name] = PoolLifecycle(
                 pool=self.fleet.pools[pool.name],
@@ -388,7 +397,17 @@ class Manager:
                     self._isolated(server.id, "server", self._assess, pool, server, now, wall)
             for name, lifecycle in self.lifecycles.items():
                 self._isolated(f"pool {name}", "lifecycle", lifecycle.tick, now, wall)
-            return self._publish(now, wall)
+            plan = self._publish(now, wall)
+            self._isolated(
+                "history",
+                "history",
+                self.history.observe,
+                wall,
+                self.fleet.pools.values(),
+                self.plan,
+                stored_cost(self.store, wall),
+            )
+            return plan
 
     def _isolated(self, key: str, what: str, step: Callable[..., object], *args: object) -> None:
         """Run one part of a tick; a failure is counted and logged once per part and message,
@@ -539,10 +558,13 @@ class Manager:
             self.publisher.open_stats()  # where the pipe backends write their answer counts
             self.publisher.publish(plan)
         except OSError as exc:
+            self.publish_errors += 1
+            self.store_up = False
             log.error(
                 "cannot publish plan v%d to %s: %s", plan.version, self.publisher.describe(), exc
             )
             return None
+        self.store_up = True
         if self.plan_problem is not None:
             self.fleet.log(wall, "plan_refused", f"plan v{version} published again")
             self.plan_problem = None
@@ -664,7 +686,12 @@ class Manager:
         limits = HttpLimits(header_timeout=http.header_timeout, body_timeout=http.body_timeout)
         if http.max_connections is not None:
             limits = dataclasses.replace(limits, max_connections=http.max_connections)
-        server = HttpServer.for_app(self.http_app(), limits)
+        try:
+            tls = server_context(http.tls.certificate, http.tls.key) if http.tls else None
+        except ValueError as exc:  # checked when loaded; changed since
+            sock.close()
+            raise ConfigError("manager", [f"http.tls: {exc}"]) from None
+        server = HttpServer.for_app(self.http_app(), limits, tls=tls)
         serving = asyncio.create_task(server.serve(sockets=[sock]), name="http")
         self.health.start()
         clusters = (
@@ -673,7 +700,8 @@ class Manager:
             else None
         )
         log.info(
-            "manager listening on %s:%d; plan %s; %d pools, %d servers",
+            "manager listening on %s://%s:%d; plan %s; %d pools, %d servers",
+            "https" if tls else "http",
             http.address,
             http.port,
             self.publisher.describe(),

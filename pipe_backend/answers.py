@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from dnslb.plan import MemberState, Plan, Pool
 from dnslb.selection import Answer, answer_counts, pool_answers, rotation
+from pipe_backend import explain as explanation
 from pipe_backend.protocol import END, Fragments, Rdata, concat, data_line, fragments
 
 Reply = Fragments | Iterator[Fragments]
@@ -29,6 +30,7 @@ class CompiledPool:
     name: str
     replies: dict[bytes, Reply]
     counters: list[tuple[tuple[Answer, ...], list[int]]] = field(default_factory=list)
+    explain: tuple[str, ...] = ()  # its members as the debug TXT says them (when on)
 
     def answer_counts(self) -> dict[str, tuple[int, int]]:
         """Per member id: (answers it came first in, answers it was in), over every query type."""
@@ -60,11 +62,14 @@ def compile_plan(
     stale: bool,
     rng: random.Random,
     previous: AnswerTable | None = None,
+    explain: bool = False,
 ) -> AnswerTable:
     """Compile ``plan`` for PowerDNS ABI version ``abi``.
 
     Pools unchanged since ``previous`` (same members, same ABI and staleness) keep their compiled
     replies and their place in the cycle, so a plan that only refreshed its age costs little.
+    With ``explain``, each pool also answers TXT at ``_dnslb-explain.<name>``
+    (:mod:`pipe_backend.explain`), unless the plan has a record of its own there.
     """
     static: dict[str, list[tuple[Rdata, int]]] = defaultdict(list)
     transfers: dict[int, list[bytes]] = defaultdict(list)
@@ -93,9 +98,13 @@ def compile_plan(
         compiled = old_pools.get(key)
         if compiled is None:
             prefix = names.get(pool.name.encode("ascii"), {})
-            compiled = _compile_pool(abi, pool, zone_id, prefix, stale=stale, rng=rng)
+            compiled = _compile_pool(
+                abi, pool, zone_id, prefix, stale=stale, rng=rng, explain=explain
+            )
         compiled_pools[key] = compiled
         names[pool.name.encode("ascii")] = compiled.replies
+        if explain:
+            _add_explanation(names, abi, plan, pool, compiled, zone_id=zone_id, stale=stale)
         for member in pool.members:
             if member.state is MemberState.ACTIVE:
                 rtype = "AAAA" if member.ipv6 else "A"
@@ -137,10 +146,13 @@ def _compile_pool(
     *,
     stale: bool,
     rng: random.Random,
+    explain: bool = False,
 ) -> CompiledPool:
     """Replies of a load-balanced name: A, AAAA and ANY cycles, after any static records."""
     answers = pool_answers(pool, stale=stale)
     compiled = CompiledPool(name=pool.name, replies=dict(static))
+    if explain:
+        compiled.explain = explanation.member_lines(pool, answers)
     v4 = [_answer_fragments(abi, answer, zone_id, "A") for answer in answers.v4]
     v6 = [_answer_fragments(abi, answer, zone_id, "AAAA") for answer in answers.v6]
 
@@ -164,6 +176,26 @@ def _compile_pool(
     else:
         compiled.replies[b"ANY"] = counted(_with_static(any_static, v4), answers.v4)
     return compiled
+
+
+def _add_explanation(
+    names: dict[bytes, dict[bytes, Reply]],
+    abi: int,
+    plan: Plan,
+    pool: Pool,
+    compiled: CompiledPool,
+    *,
+    zone_id: int,
+    stale: bool,
+) -> None:
+    """The pool's debug TXT record set, as a fixed reply (TTL 0, never cached)."""
+    name = explanation.explain_name(pool.name)
+    if name is None or name.encode("ascii") in names:
+        return
+    lines = (explanation.header(plan, pool, stale=stale), *compiled.explain)
+    records = [Rdata("TXT", 0, explanation.txt_content(line), dynamic=True) for line in lines]
+    reply = fragments(abi, records, zone_id)
+    names[name.encode("ascii")] = {b"TXT": reply, b"ANY": reply}
 
 
 def _answer_fragments(abi: int, answer: Answer, zone_id: int, rtype: str) -> Fragments:

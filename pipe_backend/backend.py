@@ -63,8 +63,10 @@ class PipeBackend:
         stats_interval: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        explain: bool = False,
     ) -> None:
         self.store = store
+        self.explain = explain  # answer TXT at _dnslb-explain.<pool> (pipe_backend.explain)
         self.last_good = last_good
         self.rng = rng if rng is not None else random.Random()
         self.poll_interval = poll_interval
@@ -239,7 +241,9 @@ class PipeBackend:
             # Before HELO the ABI is unknown: compile for the newest to know the plan compiles.
             abi = self.abi if self.abi is not None else ABI_VERSIONS[-1]
             previous = self._loaded_table if self.abi is not None else None
-            table = compile_plan(plan, abi, stale=stale, rng=self.rng, previous=previous)
+            table = compile_plan(
+                plan, abi, stale=stale, rng=self.rng, previous=previous, explain=self.explain
+            )
         except Exception:  # a plan the parser let through must never stop the backend
             if plan.version != self._failed_version:
                 self._failed_version = plan.version

@@ -55,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_POLL_INTERVAL,
         help=f"seconds between checks for a new plan (default {DEFAULT_POLL_INTERVAL})",
     )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="answer TXT queries for _dnslb-explain.<pool name> with the plan version and the "
+        "pool's members, weights, TTLs and states (a debugging aid for the operator; anyone "
+        "who can query this DNS server can read them: off by default)",
+    )
     parser.add_argument("--seed", type=int, help="seed the rotation (tests only)")
 
 
@@ -111,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         last_good=last_good,
         rng=rng,
         poll_interval=args.poll_interval,
+        explain=args.explain,
     )
     backend.poll(force=True)
     with contextlib.suppress(BrokenPipeError):  # PowerDNS went away mid-reply

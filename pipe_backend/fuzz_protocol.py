@@ -30,6 +30,7 @@ from dnslb.fuzzing import Finding, Harness, mutate_bytes
 from dnslb.plan import MAX_TTL, Plan, parse_plan
 from dnslb.plan_store import PlanStore
 from pipe_backend.backend import PipeBackend
+from pipe_backend.explain import LABEL
 from pipe_backend.protocol import MAX_LINE, Q_FIELDS
 
 _QTYPES = (b"A", b"AAAA", b"ANY", b"SOA", b"NS", b"MX", b"TXT", b"SRV", b"CNAME", b"CAA", b"PTR")
@@ -88,6 +89,7 @@ def _plan(rng: random.Random) -> Plan:
 def _names(plan: Plan) -> list[bytes]:
     names = [zone.name for zone in plan.zones] + [pool.name for pool in plan.pools]
     names += [record.name for zone in plan.zones for record in zone.records]
+    names += [f"{LABEL}.{pool.name}" for pool in plan.pools]  # answered with --explain
     return [name.encode("ascii") for name in names] or [b"example.test"]
 
 
@@ -177,7 +179,11 @@ class ProtocolHarness(Harness):
         requests = [b"HELO\t%d" % abi] if rng.random() < 0.95 else []
         requests += [_request(rng, names, abi) for _ in range(rng.randint(1, 40))]
         data = b"\n".join(requests) + (b"\n" if rng.random() < 0.9 else b"")
-        backend = PipeBackend(MemoryPlanStore(plan), rng=random.Random(rng.getrandbits(32)))
+        backend = PipeBackend(
+            MemoryPlanStore(plan),
+            rng=random.Random(rng.getrandbits(32)),
+            explain=rng.random() < 0.5,
+        )
         backend.poll(force=True)
         output = _run(backend, data)
         sent = data.split(b"\n")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from dnslb.clock import Clock, SystemClock
-from dnslb.config import PluginConfig, plugin_name
+from dnslb.config import FileReference, PluginConfig, plugin_name
 from dnslb.errors import DnslbError
 
 
@@ -81,6 +81,10 @@ class ProviderContext:
     state_dir: Path  # for providers that keep files (the local provider's processes)
     manager_url: str
     clock: Clock = field(default_factory=SystemClock)
+    # What launched agents verify an https:// manager_url with (None: the system's trust store),
+    # and whether the manager's operator let tokens travel in clear text (http.allow_plaintext).
+    manager_ca_file: FileReference | None = None
+    manager_allow_plaintext: bool = False
 
 
 class Provider(ABC):

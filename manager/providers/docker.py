@@ -39,13 +39,14 @@ import tarfile
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 
 from daemons.nginx import DEFAULT_STATUS_PATH
 from dnslb.agent_config import AgentConfig, NginxSourceConfig
-from dnslb.config import Secret, dump_config, setting
+from dnslb.config import FileReference, Secret, dump_config, setting
 from dnslb.tokens import token_hash
 from manager.providers.base import (
     Instance,
@@ -70,6 +71,7 @@ CONFIG_DIR = "/etc/dnslb"
 """Where the agent's configuration and token are written in the container (the image makes it)."""
 AGENT_CONFIG = f"{CONFIG_DIR}/agent.yaml"
 AGENT_TOKEN = f"{CONFIG_DIR}/agent.token"
+AGENT_CA = f"{CONFIG_DIR}/manager-ca.pem"  # a copy of the manager's http.agent_ca_file
 
 LOG_LINES = 5
 """Log lines of an exited container kept in the detail of its ``GONE`` instance."""
@@ -574,8 +576,18 @@ class DockerProvider(Provider):
         }
 
     def agent_files(self, request: LaunchRequest) -> bytes:
-        """A tar of the agent's configuration and token (0600), owned by the servers' user."""
+        """A tar of the agent's configuration and token (0600), owned by the servers' user, and
+        of the CA it verifies the manager with (when the manager names one)."""
         config = self.config
+        files = []
+        ca_file = None
+        if self.context.manager_ca_file is not None:
+            try:
+                ca = self.context.manager_ca_file.path.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ProviderError(f"cannot read http.agent_ca_file: {exc}") from None
+            files.append((AGENT_CA, ca, 0o644))
+            ca_file = FileReference(Path(AGENT_CA), f"file:{AGENT_CA}")
         agent = AgentConfig(
             server_id=request.server_id,
             manager_url=request.manager_url,
@@ -585,6 +597,8 @@ class DockerProvider(Provider):
                 max_concurrency=config.max_concurrency,
             ),
             interval=config.report_interval,
+            ca_file=ca_file,
+            allow_plaintext=self.context.manager_allow_plaintext,
         )
         uid, gid = config.uid_gid
         buffer = io.BytesIO()
@@ -592,6 +606,7 @@ class DockerProvider(Provider):
             for path, text, mode in (
                 (AGENT_CONFIG, dump_config(agent), 0o644),
                 (AGENT_TOKEN, request.agent_token + "\n", 0o600),
+                *files,
             ):
                 data = text.encode("utf-8")
                 entry = tarfile.TarInfo(path.rpartition("/")[2])

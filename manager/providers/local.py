@@ -58,7 +58,7 @@ from typing import Any, Literal
 from daemons.nginx import NginxServer, NginxSettings
 from daemons.process import port_free, process_runs, stop_group
 from dnslb.agent_config import AgentConfig, NginxSourceConfig, agent_command
-from dnslb.config import Secret, dump_config, setting
+from dnslb.config import FileReference, Secret, dump_config, setting
 from dnslb.errors import DnslbError
 from dnslb.tokens import token_hash
 from manager.providers.base import (
@@ -448,6 +448,8 @@ class LocalProvider(Provider):
                 max_concurrency=self.config.max_concurrency,
             ),
             interval=self.config.report_interval,
+            ca_file=_absolute(self.context.manager_ca_file),
+            allow_plaintext=self.context.manager_allow_plaintext,
         )
         (staging / "agent.yaml").write_text(dump_config(agent))
         (staging / "server.json").write_text(record.to_json())
@@ -652,3 +654,11 @@ def _with(record: _Record, **changes: Any) -> _Record:
     values = {key: getattr(record, key) for key in record.__dataclass_fields__}
     values.update(changes)
     return _Record(**values)
+
+
+def _absolute(reference: FileReference | None) -> FileReference | None:
+    """``reference`` by its absolute path: the agent's configuration lives in another directory
+    than the manager's, which a relative reference is relative to."""
+    if reference is None:
+        return None
+    return FileReference(reference.path.absolute(), f"file:{reference.path.absolute()}")

@@ -409,6 +409,7 @@ class ClusterLab:
                 f"{node.address}:{AGENT_PORT}",
                 "--manager-url",
                 f"http://{MANAGER}:{REPORT_PORT}",
+                "--allow-plaintext",  # a private bridge between network namespaces
                 "--token-file",
                 str(node.token_file),
                 "--bucket-count",

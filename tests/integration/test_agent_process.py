@@ -135,7 +135,7 @@ def test_nginx_going_away_is_reported_and_the_agent_keeps_going(
 
 def test_a_bad_config_is_one_clear_error(tmp_path: Path, start_agent) -> None:
     config = tmp_path / "agent.yaml"
-    config.write_text("server_id: a\nmanager_url: http://m\ntoken: hunter2\nsource: {type: x}\n")
+    config.write_text("server_id: a\nmanager_url: https://m\ntoken: hunter2\nsource: {type: x}\n")
     agent = start_agent(config)
     _, stderr = agent.communicate(timeout=20)
     assert agent.returncode == 1

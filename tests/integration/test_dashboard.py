@@ -1,6 +1,7 @@
 """The dashboard in headless Chromium (Debian's, driven by Playwright) against a running manager
-whose agents report a moving load: the charts fill with data and keep updating; a screenshot is
-kept in artifacts/dashboard.png."""
+whose agents report a moving load: the page opens on the manager's history, the charts fill with
+data and keep updating, events are marked, rows say why; a screenshot is kept in
+artifacts/dashboard.png."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from api.dashboard import CHART_JS
-from tests.api_support import READ, RunningManager, running_manager
+from tests.api_support import ADMIN, READ, RunningManager, bearer, running_manager, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -83,9 +85,39 @@ INK = """(name) => {
 }"""
 
 
+MARKED = """(kind) => window.dnslb.markers.filter((m) => m.kind === kind).length"""
+
+# The pixels of the utilization chart's area in the colour of operator marks (#9467bd).
+MARK_INK = """() => {
+    const chart = window.dnslb.charts.utilization;
+    const canvas = chart.canvas;
+    const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    let found = 0;
+    for (let i = 0; i < pixels.length; i += 4) {
+        if (pixels[i] === 0x94 && pixels[i + 1] === 0x67 && pixels[i + 2] === 0xbd) found += 1;
+    }
+    return found;
+}"""
+
+
+def history_samples(manager: RunningManager) -> int:
+    answer = httpx.get(f"{manager.url}/v1/history?pool=www", headers=bearer(READ), timeout=5)
+    return len(answer.json()["samples"])
+
+
 def test_the_dashboard_draws_live_data_and_keeps_updating(
     manager: RunningManager, page: Any
 ) -> None:
+    # Some history to open on, and an operator's pause the page must mark and explain.
+    wait_for(lambda: history_samples(manager) >= 2, what="two history samples", timeout=30)
+    paused = httpx.post(
+        f"{manager.url}/v1/servers/s2/actions",
+        json={"action": "pause", "reason": "dashboard test"},
+        headers=bearer(ADMIN),
+        timeout=5,
+    )
+    assert paused.status_code == 200, paused.text
+    wait_for(lambda: history_samples(manager) >= 3, what="a sample with the pause", timeout=30)
     problems: list[str] = []
     elsewhere: list[str] = []
     page.on("pageerror", lambda error: problems.append(str(error)))
@@ -107,6 +139,24 @@ def test_the_dashboard_draws_live_data_and_keeps_updating(
     page.wait_for_function("() => window.dnslb.polls >= 2", timeout=30_000)
     assert READ not in page.url
     assert page.evaluate("sessionStorage.getItem('dnslb.api-token')") == READ
+
+    # The page opened on the manager's history: points from before it was opened, and marks.
+    assert page.evaluate("window.dnslb.historySamples") >= 3
+    opened = page.evaluate("window.dnslb.openedAt")
+    earliest = page.evaluate(
+        """() => Math.min(...window.dnslb.charts.utilization.data.datasets
+            .flatMap((d) => d.data.map((p) => p.x)))"""
+    )
+    assert earliest < opened - 5
+    assert page.evaluate(MARKED, "admin_pause") == 1
+    assert page.evaluate(MARKED, "state") > 0  # servers became active, the pool grew
+    assert page.evaluate(MARK_INK) > 0  # the operator's pause is drawn on the chart
+    rows = {
+        row.locator("td").first.inner_text(): row.locator("td").last.inner_text()
+        for row in page.locator("#servers tbody tr").all()
+    }
+    assert rows["s2"].startswith("paused by an operator (dashboard test) until resumed")
+    assert all(rows[s] for s in ("s1", "s3")), rows
 
     first = page.evaluate(POINTS)
     assert all(first[name] > 0 for name in CHARTS), first

@@ -54,11 +54,12 @@ class Dns:
         return [str(rdata) for rdata in rrsets[0]], rrsets[0].ttl
 
 
-def start_pdns(tmp_path: Path, doc: dict[str, Any], abi: int = 5) -> Dns:
+def start_pdns(tmp_path: Path, doc: dict[str, Any], abi: int = 5, explain: bool = False) -> Dns:
     plan_path = tmp_path / "plan.json"
     write_plan(plan_path, doc)
     port = free_port()
-    server = PdnsServer(PdnsSettings(plan=str(plan_path), port=port, abi=abi), tmp_path / "pdns")
+    settings = PdnsSettings(plan=str(plan_path), port=port, abi=abi, explain=explain)
+    server = PdnsServer(settings, tmp_path / "pdns")
     server.start(probe_name="example.test")
     return Dns(server=server, plan_path=plan_path, port=port)
 
@@ -229,3 +230,30 @@ def test_stopping_leaves_no_process_behind(tmp_path: Path) -> None:
         ["pgrep", "-g", str(pgid)], capture_output=True, text=True, check=False
     ).stdout.split()
     assert leftover == []
+
+
+EXPLAIN = "_dnslb-explain.www.example.test"
+
+
+def test_the_explain_txt_is_off_by_default(pdns: Dns) -> None:
+    assert pdns.query(EXPLAIN, "TXT").rcode() == dns.rcode.NXDOMAIN
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["udp", "tcp"])
+def test_the_explain_txt_says_what_is_served(tmp_path: Path, tcp: bool) -> None:
+    running = start_pdns(tmp_path, plan_doc(), explain=True)
+    try:
+        request = dns.message.make_query(EXPLAIN, "TXT", use_edns=True, payload=4096)
+        ask = dns.query.tcp if tcp else dns.query.udp
+        reply = ask(request, "127.0.0.1", port=running.port, timeout=3)
+        assert reply.rcode() == dns.rcode.NOERROR
+        [rrset] = reply.answer
+        assert rrset.ttl == 0
+        texts = sorted(b"".join(rdata.strings).decode() for rdata in rrset)
+        assert any(text.startswith("dnslb plan v7 ") for text in texts), texts
+        assert "a 10.0.0.1 active w=4 ttl=60 u=0.00 first=40% in=80%" in texts
+        assert len(texts) == 7  # the header and six members
+        # The A answers go on as before.
+        assert len(running.addresses()[0]) == 2
+    finally:
+        running.server.stop()

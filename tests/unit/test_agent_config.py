@@ -67,7 +67,7 @@ def test_a_minimal_file_takes_the_defaults(tmp_path: Path) -> None:
     ids=["port", "json", "nginx"],
 )
 def test_each_source_type(tmp_path: Path, source: str, expected: object) -> None:
-    text = f"server_id: a\nmanager_url: http://m\ntoken: file:agent.token\nsource: {source}\n"
+    text = f"server_id: a\nmanager_url: https://m\ntoken: file:agent.token\nsource: {source}\n"
     assert load_config(write(tmp_path, text), AgentConfig).source == expected
 
 
@@ -114,14 +114,14 @@ def test_every_problem_is_reported_with_its_line(tmp_path: Path, monkeypatch) ->
     ids=["unknown-source", "bad-url", "cap-below-interval", "unknown-key"],
 )
 def test_bad_files_are_refused(text: str, problem: str, tmp_path: Path) -> None:
-    head = "server_id: a\nmanager_url: http://m\ntoken: file:agent.token\n"
+    head = "server_id: a\nmanager_url: https://m\ntoken: file:agent.token\n"
     with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         load_config(write(tmp_path, head + text), AgentConfig)
 
 
 def test_a_token_written_as_its_value_is_refused(tmp_path: Path) -> None:
     text = (
-        "server_id: a\nmanager_url: http://m\ntoken: s3cret\n"
+        "server_id: a\nmanager_url: https://m\ntoken: s3cret\n"
         "source: {type: port, port: 1, max_concurrency: 1}\n"
     )
     with pytest.raises(ConfigError, match="never the value itself") as caught:

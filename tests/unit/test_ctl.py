@@ -62,6 +62,27 @@ def test_status_pools_and_servers_as_tables(ctl: Ctl) -> None:
     assert [line.split()[0] for line in out.strip().splitlines()[1:]] == ["www", "auto"]
 
 
+def test_explain_a_name(ctl: Ctl) -> None:
+    status, out, _ = ctl("explain", "www.example.test", token=READ)
+    assert status == EXIT_OK, out
+    lines = out.splitlines()
+    assert lines[0].startswith("www.example.test (pool www): plan v")
+    assert lines[1].startswith("k 2, TTL floor 5 s, fallback fail_open; paused above 0.8")
+    header = lines[3].split()
+    assert header[:4] == ["SERVER", "ADDRESS", "STATE", "IN"] and header[-1] == "WHY"
+    assert sorted(line.split()[0] for line in lines[4:7]) == ["s1", "s2", "s3"]
+    assert lines[-1].startswith("A now: ") and "rotation" in lines[-1]
+
+    status, out, _ = ctl("--json", "explain", "www")
+    found = json.loads(out)
+    assert found["pool"] == "www" and {m["id"] for m in found["members"]} == {"s1", "s2", "s3"}
+    assert all(member["why"] for member in found["members"])
+
+    status, _, err = ctl("explain", "nope.example.test")
+    assert status == EXIT_REFUSED
+    assert "no pool named 'nope.example.test'" in err
+
+
 def test_json_output_is_the_api_document(ctl: Ctl) -> None:
     status, out, _ = ctl("--json", "servers")
     assert status == EXIT_OK

@@ -73,6 +73,7 @@ def make_provider(
         state_dir=tmp_path / "providers" / "www",
         manager_url="http://manager:8700",
         clock=clock or FakeClock(),
+        manager_allow_plaintext=True,  # as the compose lab's manager allows
     )
     return DockerProvider(provider_config(engine, **changes), context)
 
@@ -317,7 +318,8 @@ def test_config_problems_are_named(
 MANAGER = """
 zones: [{{name: lab.test, ns: [ns1.lab.test]}}]
 plan: {{refresh: 5, stale_after: 30}}
-http: {{address: 127.0.0.1, port: 8700, advertise_url: "http://manager:8700"}}
+http:
+  {{address: 127.0.0.1, port: 8700, advertise_url: "http://manager:8700", allow_plaintext: true}}
 pools:
   - name: www
     zone: lab.test

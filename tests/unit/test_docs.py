@@ -11,6 +11,7 @@ import pytest
 from cli.docgen import DOCS, stale_docs
 from manager.config import load_manager_config
 from manager.providers.userdata import DEFAULT_USER_DATA
+from tests.tls_support import make_pki
 
 
 def test_configuration_references_are_current() -> None:
@@ -39,6 +40,7 @@ def _fenced(doc: Path, language: str) -> list[str]:
 
 def test_the_cloud_example_configurations_load(tmp_path: Path) -> None:
     examples = [block for block in _yaml_blocks(DOCS / "cloud.md") if "zones:" in block]
+    make_pki(tmp_path / "tls")  # the examples' tls: server.pem and server.key beside them
     kinds = []
     for number, example in enumerate(examples):
         path = tmp_path / f"manager-{number}.yaml"

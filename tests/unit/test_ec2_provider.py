@@ -44,7 +44,7 @@ from manager.providers.ec2 import (
 from tests.unit.cloud_lab import CloudLab, ThreadedClock, token_in_user_data
 
 REGION = "eu-west-1"
-MANAGER_URL = "http://manager.example.test:8700"
+MANAGER_URL = "https://manager.example.test:8700"
 
 
 @pytest.fixture(autouse=True)

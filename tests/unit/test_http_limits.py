@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,12 +52,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 class Listener:
-    """HttpServer.for_app(app, LIMITS) on a free loopback port, in a thread of its own."""
+    """HttpServer.for_app(app, limits, tls=tls) on a free loopback port, in a thread of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: HttpLimits = LIMITS, tls: ssl.SSLContext | None = None) -> None:
         self.sock = listen("127.0.0.1", 0)
         self.port = int(self.sock.getsockname()[1])
-        self.server = HttpServer.for_app(app, LIMITS)
+        self.server = HttpServer.for_app(app, limits, tls=tls)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.clients: list[socket.socket] = []
         self.thread = threading.Thread(target=self._main, daemon=True)

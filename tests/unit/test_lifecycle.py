@@ -205,6 +205,22 @@ def test_failed_launches_are_events_and_pause_launching(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_failing_launches_pause_even_while_an_older_server_runs(tmp_path: Path) -> None:
+    # The running server became active before the failures: it is no evidence that launches
+    # work, so it must not reset the count of failures in a row (it used to, every tick).
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("max_step: 2", "max_step: 1"))  # one launch a tick
+        await lab.run(8, 10)
+        assert len(lab.servers(ServerState.ACTIVE)) == 1
+        lab.provider.failures_left = 10
+        await lab.run(30, 95)  # overloaded: it keeps trying to scale out
+        assert len(lab.events("launch_failed")) == 2  # max_failed_launches, then a pause
+        assert lab.events("scaling_paused")
+        assert len(lab.servers(ServerState.ACTIVE)) == 1
+
+    run(scenario)
+
+
 def test_a_server_that_never_reports_is_replaced(tmp_path: Path) -> None:
     async def scenario() -> None:
         lab = Lab(tmp_path)

@@ -42,7 +42,7 @@ KEYSTONE = "https://keystone.example.test"
 NOVA = "https://compute.example.test/v2.1"
 GLANCE = "https://image.example.test"
 NEUTRON = "https://network.example.test"
-MANAGER_URL = "http://manager.example.test:8700"
+MANAGER_URL = "https://manager.example.test:8700"
 
 CLOUDS_YAML = f"""
 clouds:

@@ -1,0 +1,239 @@
+"""Why a name answers as it does: each member's standing in the published plan, in words.
+
+:func:`explain_pool` builds :class:`~dnslb.control.Explanation` for ``dnslb ctl explain`` and
+``GET /v1/explain``; :func:`server_reason` is the one sentence per server that the explanation,
+``/v1/servers`` and the dashboard's rows all show. The answers come from the core's own selection
+(:func:`dnslb.selection.pool_answers`, what the pipe backend compiles) over the *published*
+plan, so what is said is what the pipe backends serve, not what the next plan may hold.
+
+Pure functions over the fleet and the plan; the clock is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dnslb.control import AnswerExample, Explanation, MemberExplanation
+from dnslb.model import ServerState
+from dnslb.plan import Member, MemberState, Plan, Pool
+from dnslb.policy import PoolPolicy
+from dnslb.selection import Answer, PoolAnswers, answer_shares
+from manager.fleet import PoolRuntime, ServerRuntime
+from manager.planner import health_of
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """A member's place in its family's rotation: shares of the answers (0 to 1)."""
+
+    first: float = 0.0
+    seen: float = 0.0
+    fallback: bool = False  # answered by the pool's fallback
+
+
+def rotation_shares(answers: PoolAnswers) -> dict[str, Shares]:
+    """Per member id: the share of its family's answers it comes first in and is in."""
+    fallback = {
+        member.id
+        for family in (answers.v4, answers.v6)
+        for answer in family
+        if answer.fallback
+        for member in answer.members
+    }
+    return {
+        member: Shares(first, seen, member in fallback)
+        for member, (first, seen) in answer_shares(answers).items()
+    }
+
+
+def server_reason(
+    server: ServerRuntime | None,
+    member: Member | None,
+    shares: Shares | None,
+    *,
+    policy: PoolPolicy | None,
+    fallback: str,
+    now: float,
+    down_after: float,
+    left_out: str | None = None,
+    operator_reason: str | None = None,
+) -> str:
+    """Why a server is or is not in the published plan's answers, in one sentence.
+
+    ``member`` is its member in the published plan (None: not in it), ``shares`` its place in
+    the plan's rotation (None: in no answer), ``now`` monotonic seconds, ``left_out`` why the
+    planner left it out of plans (bad data), ``operator_reason`` the reason an operator gave
+    for a pause.
+    """
+    answered = shares is not None and shares.seen > 0
+    if server is None:
+        return "in the published plan, but no longer managed: gone from the next plan"
+    record = server.record
+    state = record.state
+    if state is ServerState.TERMINATED:
+        return f"terminated: {record.state_reason}"
+    if state is ServerState.LAUNCHING:
+        return f"launching: {record.state_reason}; answered once it reports healthy"
+    if state is ServerState.WARMING:
+        return f"warming: {record.state_reason}"
+    if state is ServerState.DISABLED:
+        return f"disabled: {record.state_reason}; not answered until enabled"
+    if state is ServerState.DRAINING:
+        return f"draining: {record.state_reason}; never answered again"
+    if left_out is not None:
+        return f"left out of the plan: {left_out}"
+    if state is ServerState.DOWN:
+        why = f"down: {record.state_reason}"
+        return _fallback(why, answered, fallback)
+    unanswered = _active_reason(
+        server, policy, now=now, down_after=down_after, operator=operator_reason
+    )
+    if unanswered is None:  # eligible now
+        if member is None:
+            return "eligible: in the next plan"
+        if member.state is not MemberState.ACTIVE:
+            return f"eligible again: the published plan still has it {member.state.value}"
+        if not answered:
+            return f"in the plan with weight {member.weight:g}, in no answer (others outweigh it)"
+        assert shares is not None
+        return (
+            f"answered: weight {member.weight:g}, TTL {member.ttl} s; first in "
+            f"{shares.first:.0%} and in {shares.seen:.0%} of the answers"
+        )
+    return _fallback(unanswered, answered, fallback)
+
+
+def _active_reason(
+    server: ServerRuntime,
+    policy: PoolPolicy | None,
+    *,
+    now: float,
+    down_after: float,
+    operator: str | None,
+) -> str | None:
+    """Why an active server is not eligible, or None when it is."""
+    load = server.load
+    by_policy = None
+    if server.paused and load is not None and policy is not None:
+        resume = policy.th_over - policy.hysteresis
+        by_policy = (
+            f"utilization {load.utilization:.2f} (newest sample {load.sample:.2f}) went above "
+            f"th_over {policy.th_over:g}; resumes when both are below {resume:.2f}"
+        )
+    if server.record.admin_paused:
+        why = f"paused by an operator ({operator or 'no reason given'}) until resumed"
+        return f"{why}; the policy pauses it too: {by_policy}" if by_policy else why
+    if by_policy is not None:
+        return f"paused by the policy: {by_policy}"
+    healthy, why = health_of(server, now=now, down_after=down_after, started_at=now, checked=False)
+    if healthy is False or server.report_at is None:
+        return f"not reporting: {why if server.report_at is not None else 'no report yet'}"
+    return None
+
+
+def _fallback(why: str, answered: bool, fallback: str) -> str:
+    if answered:
+        return f"{why}; answered anyway by the fallback ({fallback}: no member is eligible)"
+    return why
+
+
+def explain_pool(
+    pool: PoolRuntime,
+    plan: Plan,
+    answers: PoolAnswers | None,
+    *,
+    wall: float,
+    now: float,
+    down_after: float,
+    left_out: Mapping[str, str],
+    operator_reasons: Mapping[str, str],
+) -> Explanation:
+    """The explanation of ``pool`` from the published ``plan`` and its ``answers`` (the
+    rotation of the plan's pool; None when the pool is not in the plan yet)."""
+    dns_name = pool.config.dns_name
+    planned = next((p for p in plan.pools if p.name == dns_name), None)
+    members = {m.id: m for m in planned.members} if planned is not None else {}
+    shares = rotation_shares(answers) if answers is not None else {}
+    policy = pool.policy
+    ids = sorted(
+        {s.id for s in pool.servers.values() if s.state is not ServerState.TERMINATED}
+        | members.keys()
+    )
+    explained = []
+    for server_id in ids:
+        server = pool.servers.get(server_id)
+        member = members.get(server_id)
+        share = shares.get(server_id)
+        why = server_reason(
+            server,
+            member,
+            share,
+            policy=policy,
+            fallback=policy.fallback.value,
+            now=now,
+            down_after=down_after,
+            left_out=left_out.get(server_id),
+            operator_reason=operator_reasons.get(server_id),
+        )
+        load = server.load if server is not None else None
+        explained.append(
+            MemberExplanation(
+                id=server_id,
+                address=member.address if member is not None else _address(server),
+                state=server.state if server is not None else None,
+                plan_state=member.state.value if member is not None else None,
+                in_answers=share is not None and share.seen > 0,
+                weight=member.weight if member is not None else None,
+                ttl=member.ttl if member is not None else None,
+                utilization=load.utilization if load is not None else None,
+                first_share=share.first if share is not None else 0.0,
+                answer_share=share.seen if share is not None else 0.0,
+                paused=server.paused if server is not None else False,
+                admin_paused=server.record.admin_paused if server is not None else False,
+                why=why,
+            )
+        )
+    examples: list[AnswerExample] = []
+    if answers is not None and planned is not None:
+        families = (("A", answers.v4), ("AAAA", answers.v6))
+        for family, cycle in families:
+            if _has_members(planned, family == "AAAA"):
+                examples.append(_example(family, cycle))
+    age = plan.age(wall)
+    return Explanation(
+        name=dns_name,
+        pool=pool.name,
+        plan_version=plan.version,
+        plan_age=max(0.0, age) if age is not None else None,
+        stale=plan.is_stale(wall),
+        k=planned.k if planned is not None else policy.k,
+        ttl_floor=planned.ttl_floor if planned is not None else policy.ttl_min,
+        fallback=(planned.fallback if planned is not None else policy.fallback).value,
+        th_over=policy.th_over,
+        resume_below=round(policy.th_over - policy.hysteresis, 9),
+        members=tuple(explained),
+        answers=tuple(examples),
+    )
+
+
+def _address(server: ServerRuntime | None) -> str:
+    return server.record.address if server is not None else ""
+
+
+def _has_members(pool: Pool, ipv6: bool) -> bool:
+    return any(member.ipv6 == ipv6 for member in pool.members)
+
+
+def _example(family: str, cycle: Sequence[Answer]) -> AnswerExample:
+    """The first answer of the rotation: each pipe backend starts its laps at a random place,
+    so this is one answer a client may get now, not the one it will."""
+    answer = cycle[0]
+    return AnswerExample(
+        family=family,
+        members=tuple(member.id for member in answer.members),
+        addresses=tuple(member.address for member in answer.members),
+        ttl=answer.ttl,
+        fallback=answer.fallback,
+        rotation=len(cycle),
+    )
