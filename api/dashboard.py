@@ -42,7 +42,9 @@ def dashboard_router(chart_library: Path | None = CHART_JS) -> APIRouter:
     router = APIRouter(include_in_schema=False)
     if chart_library is None or not chart_library.is_file():
         log.warning(
-            "the dashboard's chart library is missing (%s): run scripts/install (npm ci)",
+            "the dashboard's chart library is missing (%s): in a checkout, run scripts/install "
+            "(npm ci); a package install does not ship it yet, so the charts stay empty (the "
+            "tables and the API work)",
             chart_library,
         )
 
