@@ -317,9 +317,12 @@ def dnsperf(
     *,
     rate: int | None = None,
     verbose: bool = False,
+    dnssec_ok: bool = False,
 ) -> DnsperfRun:
     command = ["dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", str(datafile)]
     command += ["-l", f"{seconds:g}", "-c", str(clients), "-t", "2"]
+    if dnssec_ok:
+        command.append("-D")  # EDNS with the DO bit: a signed zone's answers carry RRSIGs
     if rate is not None:
         command += ["-Q", str(rate)]
     if verbose:

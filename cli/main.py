@@ -207,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     daemons_command.add_pdns_config_arguments(pdns)
     pdns.set_defaults(handler=daemons_command.run_pdns_config)
 
+    dnssec = commands.add_parser(
+        "pdns-dnssec-setup", help="sign zones served by pdns: keys, narrow NSEC3, the DS to publish"
+    )
+    daemons_command.add_pdns_dnssec_setup_arguments(dnssec)
+    dnssec.set_defaults(handler=daemons_command.run_pdns_dnssec_setup)
+
     agent = commands.add_parser(
         "agent", help="the agent of a cache server: reports its utilization to the manager"
     )

@@ -1,4 +1,5 @@
-"""``dnslb pdns-config``: the pdns.conf for the pipe backend (defaults: :class:`PdnsSettings`)."""
+"""``dnslb pdns-config``: the pdns.conf for the pipe backend (defaults: :class:`PdnsSettings`);
+``dnslb pdns-dnssec-setup``: sign its zones (:mod:`daemons.dnssec`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from daemons.dnssec import secure_zone
 from daemons.pdns import PdnsSettings, render_config
 from dnslb.config import default_of
 
@@ -57,6 +59,13 @@ def add_pdns_config_arguments(parser: argparse.ArgumentParser) -> None:
         help="have the pipe backend answer TXT at _dnslb-explain.<pool name> with the pool's "
         "members, weights, TTLs and states (readable by anyone who can query pdns; off)",
     )
+    parser.add_argument(
+        "--dnssec",
+        default=None,
+        metavar="DATABASE",
+        help="sign answers with the zones' keys held in this gsqlite3 database (launch=pipe,"
+        "gsqlite3); make them with dnslb pdns-dnssec-setup (default: unsigned)",
+    )
 
 
 def run_pdns_config(args: argparse.Namespace) -> int:
@@ -71,6 +80,25 @@ def run_pdns_config(args: argparse.Namespace) -> int:
         redis_password_file=str(Path(password_file).resolve()) if password_file else None,
         state_dir=str(Path(args.state_dir).resolve()) if args.state_dir else None,
         explain=args.explain,
+        dnssec_database=str(Path(args.dnssec).resolve()) if args.dnssec else None,
     )
     sys.stdout.write(render_config(settings, args.socket_dir))
+    return 0
+
+
+def add_pdns_dnssec_setup_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``dnslb pdns-dnssec-setup``."""
+    parser.add_argument(
+        "--config-dir",
+        default="/etc/powerdns",
+        help="directory of the pdns.conf rendered with dnslb pdns-config --dnssec (%(default)s)",
+    )
+    parser.add_argument("zones", nargs="+", metavar="ZONE", help="zones of the plan to sign")
+
+
+def run_pdns_dnssec_setup(args: argparse.Namespace) -> int:
+    """Sign each zone (keys made once, narrow NSEC3) and print the DS records for the parent."""
+    for zone in args.zones:
+        for line in secure_zone(args.config_dir, zone):
+            print(line)
     return 0

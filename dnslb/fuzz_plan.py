@@ -10,12 +10,14 @@ above the floor, only active members unless it is a fallback answer).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import random
 from typing import Any
 
 from dnslb.errors import PlanError
 from dnslb.fuzzing import Finding, Harness, deep_json, json_text, mutate_document
-from dnslb.plan import Fallback, MemberState, Plan, parse_plan_json, plan_to_json
+from dnslb.plan import Fallback, MemberState, Plan, PoolCache, parse_plan_json, plan_to_json
 from dnslb.selection import pool_answers
 
 _TYPES = ("A", "AAAA", "CNAME", "MX", "NS", "TXT", "SRV", "CAA", "PTR")
@@ -101,13 +103,20 @@ def random_plan_document(rng: random.Random) -> dict[str, Any]:
 
 def hostile_plan_text(rng: random.Random) -> bytes:
     """Plan text as anyone might write it: valid, mutated in its values, or broken as text."""
+    return hostile_plan_texts(rng)[1]
+
+
+def hostile_plan_texts(rng: random.Random) -> tuple[bytes, bytes]:
+    """A valid plan's text, and the hostile text :func:`hostile_plan_text` makes of it (most of
+    its pools' texts unchanged when the mutation fell elsewhere)."""
     choice = rng.random()
     if choice < 0.03:
-        return deep_json(rng.choice((100, 10_000, 200_000))).encode()
+        return b"", deep_json(rng.choice((100, 10_000, 200_000))).encode()
     document = random_plan_document(rng)
+    base = json.dumps(document).encode()
     if choice < 0.75:
         document = mutate_document(document, rng, mutations=rng.choice((1, 1, 2, 4)))
-    return json_text(document, rng)
+    return base, json_text(document, rng)
 
 
 def check_plan(plan: Plan) -> None:
@@ -151,13 +160,38 @@ class PlanHarness(Harness):
     deadline = 10.0
 
     def one(self, rng: random.Random) -> str:
-        text = hostile_plan_text(rng)
+        base, text = hostile_plan_texts(rng)
         try:
             plan = parse_plan_json(text)
-        except PlanError:
+        except PlanError as exc:
+            _check_cached(base, text, exc)
             return "refused"
+        _check_cached(base, text, plan)
         check_plan(plan)
         return "accepted"
 
 
-__all__ = ["PlanHarness", "check_plan", "hostile_plan_text", "random_plan_document"]
+def _check_cached(base: bytes, text: bytes, expected: Plan | PlanError) -> None:
+    """Read ``text`` after ``base`` through one :class:`PoolCache`: the pools it reuses must
+    give the same plan, or the same problems, as reading ``text`` alone."""
+    cache = PoolCache()
+    with contextlib.suppress(PlanError):
+        parse_plan_json(base, cache=cache)
+    try:
+        got: Plan | PlanError = parse_plan_json(text, cache=cache)
+    except PlanError as exc:
+        got = exc
+    if isinstance(expected, PlanError):
+        if not isinstance(got, PlanError) or got.problems != expected.problems:
+            raise Finding("a plan read with a pool cache is not refused as read alone")
+    elif got != expected:
+        raise Finding("a plan read with a pool cache differs from the plan read alone")
+
+
+__all__ = [
+    "PlanHarness",
+    "check_plan",
+    "hostile_plan_text",
+    "hostile_plan_texts",
+    "random_plan_document",
+]

@@ -18,7 +18,7 @@ import math
 import re
 import reprlib
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -304,10 +304,12 @@ def _kind(value: object) -> str:
     )
 
 
-def parse_plan(document: object) -> Plan:
+def parse_plan(document: object, *, known: Sequence[Pool | None] = ()) -> Plan:
     """Validate a decoded plan document and build the :class:`Plan`.
 
-    Raises :class:`PlanError` listing every problem found, each with its path.
+    ``known[i]``, when given and not None, is the pool ``pools[i]`` was already read as (its
+    exact JSON text was validated before: :class:`PoolCache`); it is taken without checking the
+    item again. Raises :class:`PlanError` listing every problem found, each with its path.
     """
     reader = _Reader()
     top = reader.mapping(
@@ -340,7 +342,9 @@ def parse_plan(document: object) -> Plan:
 
     pools: list[Pool] = []
     for index, item in enumerate(reader.items(top.get("pools", []), "pools")):
-        pool = _parse_pool(reader, item, f"pools[{index}]")
+        pool = known[index] if index < len(known) else None
+        if pool is None:
+            pool = _parse_pool(reader, item, f"pools[{index}]")
         if pool is None:
             continue
         if zones and not any(is_within(pool.name, zone.name) for zone in zones):
@@ -672,8 +676,130 @@ def plan_to_json(plan: Plan) -> str:
     return json.dumps(plan_to_dict(plan), separators=(",", ":")) + "\n"
 
 
-def parse_plan_json(text: str | bytes) -> Plan:
-    """Decode JSON text and validate it as a plan; every failure is a :class:`PlanError`."""
+class PoolCache:
+    """The pools of the last plan read, by the exact JSON text each was read from.
+
+    :func:`parse_plan_json` given a cache reads the plan's top level and its pools one by one,
+    and validates only the pools whose text it has not seen: a pool whose text is byte for byte
+    one already validated gives the same :class:`Pool`, so the reader checks what it reuses by
+    comparing the text itself and trusts nothing a writer claims. A pool at the same place as
+    in the last plan is compared without decoding it (a JSON object ends at its own closing
+    brace, so the old text found at that place is the whole item); any other is decoded, and
+    validated unless its text is known. The cache holds the last good plan's pool texts (about
+    the plan's size), replaced whole after each plan that parsed; one reader at a time.
+    """
+
+    def __init__(self) -> None:
+        self.pools: dict[str, Pool] = {}
+        self.order: list[str] = []  # the last plan's pool texts in its order
+        self.reused = 0  # pools the last plan took from the cache (for tests and benchmarks)
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_PLAIN = json.JSONDecoder()  # finds where an item ends; a new item is decoded again strictly
+
+
+def _skip(text: str, at: int) -> int:
+    """Where the JSON whitespace starting at ``at`` ends."""
+    match = _WHITESPACE.match(text, at)
+    return match.end() if match else at
+
+
+@dataclass(slots=True)
+class _Split:
+    document: dict[str, Any]  # the plan document, its pools None where ``known`` has one
+    spans: list[str]  # each pool item's JSON text
+    known: list[Pool | None]  # the pool each item was already read as
+
+
+def _split_pools(text: str, cache: PoolCache) -> _Split | None:
+    """The plan document read with ``cache``; None for anything but an object holding a pools
+    list, without duplicate keys, of valid JSON: the caller then reads the text whole and words
+    the errors as without a cache."""
+    decode = _DECODER.raw_decode
+    document: dict[str, Any] = {}
+    split: _Split | None = None
+    try:
+        at = _skip(text, 0)
+        if text[at : at + 1] != "{":
+            return None
+        at = _skip(text, at + 1)
+        if text[at : at + 1] == "}":
+            return None
+        while True:
+            key, at = decode(text, at)
+            if not isinstance(key, str) or key in document:
+                return None
+            at = _skip(text, at)
+            if text[at : at + 1] != ":":
+                return None
+            at = _skip(text, at + 1)
+            if key == "pools" and text[at : at + 1] == "[":
+                split = _Split(document, [], [])
+                at = _split_items(text, _skip(text, at + 1), cache, split)
+                if at < 0:
+                    return None
+                value: Any = split.document.pop("pools")
+            else:
+                value, at = decode(text, at)
+            document[key] = value
+            at = _skip(text, at)
+            if text[at : at + 1] == "}":
+                break
+            if text[at : at + 1] != ",":
+                return None
+            at = _skip(text, at + 1)
+        if _skip(text, at + 1) != len(text):
+            return None
+    except (ValueError, RecursionError):
+        return None
+    return split
+
+
+def _split_items(text: str, at: int, cache: PoolCache, split: _Split) -> int:
+    """Read the pools list's items from ``at`` (after its ``[``) into ``split``; where the list
+    ends, or -1 when it is not a list of JSON values. Raises ``ValueError`` like the decoder."""
+    items: list[Any] = []
+    split.document["pools"] = items
+    while text[at : at + 1] != "]":
+        if items:
+            if text[at : at + 1] != ",":
+                return -1
+            at = _skip(text, at + 1)
+        index = len(items)
+        same = cache.order[index] if index < len(cache.order) else None
+        if same is not None and text.startswith(same, at):
+            span, end = same, at + len(same)
+        else:
+            end = _PLAIN.raw_decode(text, at)[1]
+            span = text[at:end]
+        pool = cache.pools.get(span)
+        items.append(None if pool is not None else _DECODER.decode(span))
+        split.spans.append(span)
+        split.known.append(pool)
+        at = _skip(text, end)
+    return at + 1
+
+
+def parse_plan_json(text: str | bytes, *, cache: PoolCache | None = None) -> Plan:
+    """Decode JSON text and validate it as a plan; every failure is a :class:`PlanError`.
+
+    With ``cache``, pools whose JSON text is unchanged since the last plan read with the same
+    cache are taken from it instead of validated again (:class:`PoolCache`); the result is the
+    same plan, or the same error.
+    """
+    if cache is not None:
+        try:
+            decoded = text.decode("utf-8") if isinstance(text, bytes) else text
+        except UnicodeDecodeError:
+            decoded = None
+        split = _split_pools(decoded, cache) if decoded is not None else None
+        if split is not None:
+            plan = parse_plan(split.document, known=split.known)
+            cache.pools = dict(zip(split.spans, plan.pools, strict=True))
+            cache.order = split.spans
+            cache.reused = sum(pool is not None for pool in split.known)
+            return plan
     try:
         document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and duplicate keys
@@ -692,6 +818,9 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys)  # as json.loads decodes plans
+
+
 __all__ = [
     "FORMAT",
     "Fallback",
@@ -699,6 +828,7 @@ __all__ = [
     "MemberState",
     "Plan",
     "Pool",
+    "PoolCache",
     "Record",
     "Soa",
     "Zone",

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dnslb.errors import ConfigError
-from dnslb.plan import Plan, parse_plan_json, plan_to_json
+from dnslb.plan import Plan, PoolCache, parse_plan_json, plan_to_json
 from dnslb.resp import (
     SMALL_LIMITS,
     RedisAddress,
@@ -68,6 +68,9 @@ class PlanStore(ABC):
 
     max_plan_bytes: int = MAX_PLAN_BYTES
     """The largest plan text read or published: a larger one is refused by both sides."""
+    last_text: bytes | None = None
+    """The text of the plan the last :meth:`read` returned (None before one): a reader keeping
+    a copy writes it as read instead of serializing the plan again."""
 
     @abstractmethod
     def describe(self) -> str:
@@ -87,7 +90,16 @@ class PlanStore(ABC):
 
     @abstractmethod
     def read(self) -> Plan:
-        """The current plan; raises :class:`~dnslb.errors.PlanError` or ``OSError``."""
+        """The current plan; raises :class:`~dnslb.errors.PlanError` or ``OSError``. Pools whose
+        JSON text is unchanged since the last read are not validated again (:attr:`pool_cache`)."""
+
+    @property
+    def pool_cache(self) -> PoolCache:
+        """The pools of the last plan read, by their exact text (one reader thread at a time)."""
+        cache: PoolCache | None = getattr(self, "_pool_cache", None)
+        if cache is None:
+            cache = self._pool_cache = PoolCache()
+        return cache
 
     def open_stats(self) -> None:  # noqa: B027 - an optional hook: Redis needs nothing
         """Make the store ready for :meth:`write_stats` (the manager, their reader, calls it).
@@ -137,6 +149,13 @@ class FilePlanStore(PlanStore):
         text = self._plan_text(plan)
         _write_file(self.path, text, durable=durable)
 
+    def publish_text(self, text: bytes, *, durable: bool = True) -> None:
+        """Make ``text``, a plan's text as a store's :meth:`read` accepted it, the current plan
+        (a copy kept without the cost of serializing a big plan again). Raises ``OSError``."""
+        if len(text) > self.max_plan_bytes:
+            raise OSError(errno.EFBIG, f"the plan is {len(text)} bytes", self.describe())
+        _write_file(self.path, text, durable=durable)
+
     def stamp(self) -> Hashable | None:
         try:
             info = os.stat(self.path)
@@ -145,7 +164,10 @@ class FilePlanStore(PlanStore):
         return (info.st_ino, info.st_mtime_ns, info.st_size)
 
     def read(self) -> Plan:
-        return parse_plan_json(read_regular_file(self.path, self.max_plan_bytes))
+        text = read_regular_file(self.path, self.max_plan_bytes)
+        plan = parse_plan_json(text, cache=self.pool_cache)
+        self.last_text = text
+        return plan
 
     @property
     def stats_dir(self) -> Path:
@@ -351,7 +373,9 @@ class RedisPlanStore(PlanStore):
             raise FileNotFoundError(f"{self.describe()}: no plan")
         if not isinstance(value, bytes):
             raise RedisError(f"{self.describe()}: GET answered {type(value).__name__}, not text")
-        return parse_plan_json(value)
+        plan = parse_plan_json(value, cache=self.pool_cache)
+        self.last_text = value
+        return plan
 
     def write_stats(self, name: str, document: dict[str, Any]) -> None:
         self.connection.command(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from dnslb.plan import MemberState, Plan, Pool
@@ -31,6 +31,7 @@ class CompiledPool:
     replies: dict[bytes, Reply]
     counters: list[tuple[tuple[Answer, ...], list[int]]] = field(default_factory=list)
     explain: tuple[str, ...] = ()  # its members as the debug TXT says them (when on)
+    transfer: bytes = b""  # its active members' DATA lines in a zone transfer
 
     def answer_counts(self) -> dict[str, tuple[int, int]]:
         """Per member id: (answers it came first in, answers it was in), over every query type."""
@@ -42,7 +43,9 @@ class CompiledPool:
         return totals
 
 
-PoolKey = tuple[Pool, int, bool, int]
+PoolKey = tuple[Pool, int, bool, int, tuple[tuple[bytes, Reply], ...]]
+"""What a pool's compiled replies depend on: the pool, the ABI, staleness, its zone id and the
+static records at its name."""
 
 
 @dataclass(slots=True)
@@ -63,8 +66,10 @@ def compile_plan(
     rng: random.Random,
     previous: AnswerTable | None = None,
     explain: bool = False,
+    pace: Callable[[], None] | None = None,
 ) -> AnswerTable:
-    """Compile ``plan`` for PowerDNS ABI version ``abi``.
+    """Compile ``plan`` for PowerDNS ABI version ``abi``; ``pace``, if given, is called after
+    each pool compiled anew (the loader's chance to rest: see :class:`pipe_backend.backend`).
 
     Pools unchanged since ``previous`` (same members, same ABI and staleness) keep their compiled
     replies and their place in the cycle, so a plan that only refreshed its age costs little.
@@ -94,22 +99,21 @@ def compile_plan(
     old_pools = previous.pools if previous is not None else {}
     for pool in plan.pools:
         zone_id = plan.zone_of(pool.name) or 0
-        key = (pool, abi, stale, zone_id)
+        prefix = names.get(pool.name.encode("ascii"), {})
+        key = (pool, abi, stale, zone_id, tuple(prefix.items()))
         compiled = old_pools.get(key)
         if compiled is None:
-            prefix = names.get(pool.name.encode("ascii"), {})
             compiled = _compile_pool(
                 abi, pool, zone_id, prefix, stale=stale, rng=rng, explain=explain
             )
+            compiled.transfer = _transfer_lines(abi, pool, zone_id)
+            if pace is not None:
+                pace()
         compiled_pools[key] = compiled
         names[pool.name.encode("ascii")] = compiled.replies
         if explain:
             _add_explanation(names, abi, plan, pool, compiled, zone_id=zone_id, stale=stale)
-        for member in pool.members:
-            if member.state is MemberState.ACTIVE:
-                rtype = "AAAA" if member.ipv6 else "A"
-                rdata = Rdata(rtype, max(member.ttl, pool.ttl_floor), member.address)
-                transfers[zone_id].append(data_line(abi, pool.name, rdata, zone_id))
+        transfers[zone_id].append(compiled.transfer)
 
     return AnswerTable(
         names=names,
@@ -176,6 +180,16 @@ def _compile_pool(
     else:
         compiled.replies[b"ANY"] = counted(_with_static(any_static, v4), answers.v4)
     return compiled
+
+
+def _transfer_lines(abi: int, pool: Pool, zone_id: int) -> bytes:
+    lines = []
+    for member in pool.members:
+        if member.state is MemberState.ACTIVE:
+            rtype = "AAAA" if member.ipv6 else "A"
+            rdata = Rdata(rtype, max(member.ttl, pool.ttl_floor), member.address)
+            lines.append(data_line(abi, pool.name, rdata, zone_id))
+    return b"".join(lines)
 
 
 def _add_explanation(

@@ -522,6 +522,37 @@ def test_answer_counts_are_exactly_what_was_answered(plan_path: Path) -> None:
     assert {m: c[1] for m, c in counts.items()} == dict(seen)
 
 
+def test_answer_counts_survive_plans_compiled_before_the_swap(plan_path: Path) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    for _ in range(40):
+        backend.handle(q_line(5, "www.example.test", "A"))
+    for version, weight in ((8, 9), (9, 7)):  # two loads, the query loop takes only the last
+        doc = plan_doc(version=version)
+        doc["pools"][0]["members"][0]["weight"] = weight
+        write_plan(plan_path, doc)
+        clock.now += 0.3
+        backend.refresh()
+    backend.take()
+    assert backend.plan is not None
+    assert backend.plan.version == 9
+    counts = backend.answer_counts()["www.example.test"]
+    assert sum(first for first, _ in counts.values()) == 40
+
+
+def test_a_static_record_at_a_pools_name_reaches_its_reused_answers(plan_path: Path) -> None:
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    doc = plan_doc(version=8)
+    mx = {"name": "www.example.test", "type": "MX", "ttl": 300, "content": "10 mx.example.test"}
+    doc["zones"][0]["records"].append(mx)  # the pool itself unchanged
+    write_plan(plan_path, doc)
+    clock.now += 0.3
+    backend.poll()
+    records = parse_reply(5, backend.handle(q_line(5, "www.example.test", "ANY")))
+    assert "MX" in {record["type"] for record in records}
+
+
 def test_answer_counts_are_published_beside_the_plan(plan_path: Path) -> None:
     clock = Clock()
     backend = make_backend(plan_path, clock=clock)

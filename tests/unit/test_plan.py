@@ -13,6 +13,7 @@ from dnslb.plan import (
     Fallback,
     MemberState,
     Plan,
+    PoolCache,
     parse_plan,
     parse_plan_json,
     plan_to_dict,
@@ -375,3 +376,71 @@ def test_a_lone_cname_below_the_apex_is_fine() -> None:
         {"name": "alias.example.test", "type": "CNAME", "content": "www.example.test"}
     )
     assert parse_plan(doc).zones[0].records[-1].type == "CNAME"
+
+
+# -- reading with a pool cache ----------------------------------------------------------------
+
+
+def test_a_cache_reuses_pools_whose_text_is_unchanged() -> None:
+    cache = PoolCache()
+    first = parse_plan_json(json.dumps(plan_doc()), cache=cache)
+    assert cache.reused == 0
+    doc = plan_doc(version=8)
+    doc["pools"][1]["k"] = 3
+    second = parse_plan_json(json.dumps(doc), cache=cache)
+    assert cache.reused == 1
+    assert second.pools[0] is first.pools[0]  # taken, not read again
+    assert second.pools[1].k == 3
+    assert second == parse_plan_json(json.dumps(doc))
+
+
+def test_a_cache_compares_the_pool_text_byte_for_byte() -> None:
+    cache = PoolCache()
+    parse_plan_json(json.dumps(plan_doc()), cache=cache)
+    doc = plan_doc()
+    doc["pools"][0]["k"] = True  # equal to 1 in Python: must be read (and refused) again
+    with pytest.raises(PlanError) as raised:
+        parse_plan_json(json.dumps(doc), cache=cache)
+    assert raised.value.problems == ["pools[0].k: must be an integer, not a boolean"]
+    # the same text reads the same with and without the cache, spaced or not
+    text = json.dumps(plan_doc(), indent=2)
+    assert parse_plan_json(text, cache=cache) == parse_plan_json(text)
+
+
+def test_a_cached_pool_is_still_checked_against_the_plan_around_it() -> None:
+    cache = PoolCache()
+    parse_plan_json(json.dumps(plan_doc()), cache=cache)
+    doc = plan_doc()
+    doc["zones"][0]["name"] = "other.test"
+    doc["zones"][0]["records"] = []
+    with pytest.raises(PlanError) as raised:
+        parse_plan_json(json.dumps(doc), cache=cache)
+    assert cache.reused == 0 or raised.value.problems  # refused whatever was reused
+    assert "pools[0].name: 'www.example.test' is not inside any zone of the plan" in (
+        raised.value.problems
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(b"\xef\xbb\xbf" + json.dumps(plan_doc()).encode(), id="utf-8-bom"),
+        pytest.param(json.dumps(plan_doc()).encode("utf-16"), id="utf-16"),
+        pytest.param(json.dumps(plan_doc()).replace("{", '{"version": 1, ', 1), id="dup-key"),
+        pytest.param(json.dumps(plan_doc()) + " x", id="trailing"),
+        pytest.param(json.dumps(plan_doc())[:-1], id="truncated"),
+        pytest.param(json.dumps(plan_doc(pools=7)), id="pools-not-a-list"),
+        pytest.param(json.dumps(plan_doc()).replace("}]}", "},]}"), id="trailing-comma"),
+        pytest.param("[]", id="a-list"),
+    ],
+)
+def test_a_cache_reads_odd_text_exactly_as_without(text: str | bytes) -> None:
+    def outcome(cache: PoolCache | None) -> object:
+        try:
+            return parse_plan_json(text, cache=cache)
+        except PlanError as exc:
+            return exc.problems
+
+    cache = PoolCache()
+    parse_plan_json(json.dumps(plan_doc()), cache=cache)
+    assert outcome(cache) == outcome(None)
