@@ -47,9 +47,23 @@ class NftCommand(NftRunner):
         self.nft = nft
 
     def run(self, script: str) -> None:
+        done = self._nft(["-f", "-"], script)
+        if done.returncode != 0:
+            detail = done.stderr.strip().splitlines()
+            raise ProcessError(f"nft failed ({done.returncode}): {' | '.join(detail[:6])}")
+
+    def output(self, command: str) -> str:
+        done = self._nft(["-t", "-a", *command.split()], None)
+        if done.returncode != 0:
+            detail = done.stderr.strip().splitlines()
+            raise ProcessError(f"nft {command} failed: {' | '.join(detail[:6])}")
+        return done.stdout
+
+    def _nft(self, arguments: list[str], script: str | None) -> subprocess.CompletedProcess[str]:
+        """``nft ARGUMENTS`` (reading ``script`` on its standard input), within the timeout."""
         try:
-            done = subprocess.run(
-                [self.nft, "-f", "-"],
+            return subprocess.run(
+                [self.nft, *arguments],
                 input=script,
                 capture_output=True,
                 text=True,
@@ -60,27 +74,6 @@ class NftCommand(NftRunner):
             raise ProcessError(f"nft not found ({self.nft!r}): install nftables") from None
         except subprocess.TimeoutExpired:
             raise ProcessError(f"nft did not finish in {NFT_TIMEOUT:.0f} s") from None
-        if done.returncode != 0:
-            detail = done.stderr.strip().splitlines()
-            raise ProcessError(f"nft failed ({done.returncode}): {' | '.join(detail[:6])}")
-
-    def output(self, command: str) -> str:
-        try:
-            done = subprocess.run(
-                [self.nft, "-t", "-a", *command.split()],
-                capture_output=True,
-                text=True,
-                timeout=NFT_TIMEOUT,
-                check=False,
-            )
-        except FileNotFoundError:
-            raise ProcessError(f"nft not found ({self.nft!r}): install nftables") from None
-        except subprocess.TimeoutExpired:
-            raise ProcessError(f"nft did not finish in {NFT_TIMEOUT:.0f} s") from None
-        if done.returncode != 0:
-            detail = done.stderr.strip().splitlines()
-            raise ProcessError(f"nft {command} failed: {' | '.join(detail[:6])}")
-        return done.stdout
 
 
 class LibNftables(NftRunner):
