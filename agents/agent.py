@@ -173,7 +173,7 @@ async def serve(config: AgentConfig) -> int:
     """Run an agent for ``config`` until SIGTERM or SIGINT; returns the exit status."""
     source = create_source(config.source)
     client = ManagerClient(
-        config.reports_url,
+        config.reports_urls,
         config.token,
         timeout=config.manager_timeout,
         verify=client_context(config.ca_file),
@@ -192,7 +192,7 @@ async def serve(config: AgentConfig) -> int:
     log.info(
         "server %s: reporting to %s every %g s, reading %s",
         config.server_id,
-        config.reports_url,
+        client.managers.describe(),
         config.interval,
         source.describe(),
     )

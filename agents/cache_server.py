@@ -40,7 +40,7 @@ async def serve(settings: NginxSettings, workdir: Path, agent_config: AgentConfi
     log.info("nginx answers on %s:%d, caching %s", settings.address, settings.port, settings.origin)
     source = create_source(agent_config.source)
     client = ManagerClient(
-        agent_config.reports_url,
+        agent_config.reports_urls,
         agent_config.token,
         timeout=agent_config.manager_timeout,
         verify=client_context(agent_config.ca_file),

@@ -137,7 +137,12 @@ def add_node_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help="HOST:PORT for table pushes "
         f"(default {default('listen_host')}:{default('listen_port')})",
     )
-    flag("--manager-url", help="manager base URL for heartbeats (none: no heartbeats)")
+    flag(
+        "--manager-url",
+        action="append",
+        help="manager base URL for heartbeats (none: no heartbeats); repeat it for managers in "
+        "active/standby: heartbeats follow the leader, the first given is tried first",
+    )
     flag(
         "--tls-certificate",
         metavar="FILE",
@@ -263,6 +268,9 @@ def node_agent_config(args: argparse.Namespace) -> NodeAgentConfig:
             problems.append(f"--listen {given['listen']!r}: expected HOST:PORT")
     if "service_ports" in values:
         values["service_ports"] = tuple(values["service_ports"])
+    if "manager_url" in values:
+        values["manager_url"], *more = values["manager_url"]
+        values["manager_urls"] = tuple(more)
     if "ca_file" in values:
         try:
             values["ca_file"] = resolve_file_reference(f"file:{values['ca_file']}")

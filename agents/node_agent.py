@@ -15,6 +15,7 @@ One runs on each node that shares the cluster's VIP. It
 * posts a heartbeat to ``{manager_url}/v1/reports`` every ``heartbeat_interval`` seconds: a
   :class:`~dnslb.report.Report` with its connections to the VIP, its capacity and the table it
   holds. When the manager is unreachable it backs off (up to ``backoff_max``) and keeps going;
+  with several managers (``manager_urls``) it follows the leader (:mod:`agents.managers`);
 * renews a short lease in the kernel just before each heartbeat (:class:`LeaseKeeper`): if the
   agent dies, the node stops taking new connections by itself at most ``lease`` after the manager
   last heard it, so before the manager gives its buckets away;
@@ -40,7 +41,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -49,6 +50,7 @@ from typing import Any
 
 from agents.dispatch_drivers import DRIVERS, DispatchDriver, NodeRules, create_driver
 from agents.dispatch_drivers.nft_ruleset import check_table_name, check_vip
+from agents.managers import ManagerUrls
 from agents.vip_connections import VipConnections, VipLoad
 from dnslb.config import FileReference, Secret, checked, setting
 from dnslb.dispatch import MAX_BUCKETS, BucketTable, parse_table_json
@@ -70,6 +72,8 @@ MIN_TOKEN_LENGTH = 16
 MIN_LEASE = 0.05
 MAX_TABLE_BODY = 4 * 1024 * 1024  # a 65,536-bucket table with long node ids fits
 MANAGER_TIMEOUT = 2.0
+MAX_MANAGERS = 16
+"""Most manager URLs a node agent is given (each is tried at most once per heartbeat)."""
 MAX_CONNECTIONS = 64
 """Connections the push listener keeps open (the manager needs one or two)."""
 HEADER_TIMEOUT = 5.0
@@ -104,6 +108,11 @@ class NodeAgentConfig:
     manager_url: str | None = setting(
         None,
         help="manager base URL for heartbeats (null: no heartbeats, the agent only takes pushes)",
+    )
+    manager_urls: tuple[str, ...] = setting(
+        default_factory=tuple,
+        help="more managers' base URLs (standbys): heartbeats go to the leader among these and "
+        "manager_url, following a standby's redirect only to one of them",
     )
     listen_host: str = setting("127.0.0.1", help="address the table push listener binds")
     listen_port: int = setting(8470, help="port of the push listener (0: any)", min=0, max=65535)
@@ -183,6 +192,17 @@ class NodeAgentConfig:
                 "manager_url", self.manager_url, self.allow_plaintext
             ):
                 yield problem
+        elif self.manager_urls:
+            yield "manager_urls: needs manager_url (the first manager to try)"
+        if len(self.manager_urls) > MAX_MANAGERS:
+            yield f"manager_urls: at most {MAX_MANAGERS} managers"
+        for index, url in enumerate(self.manager_urls[:MAX_MANAGERS]):
+            name = f"manager_urls[{index}]"
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                yield f"{name}: {url!r} is not an http(s) URL"
+            elif problem := plaintext_url_problem(name, url, self.allow_plaintext):
+                yield problem
         if problem := plaintext_listener_problem(
             "listen_host", self.listen_host, self.tls is not None, self.allow_plaintext
         ):
@@ -206,6 +226,13 @@ class NodeAgentConfig:
             check_table_name(self.nft_table)
         except ValueError as exc:
             yield f"nft_table: {exc}"
+
+    @property
+    def managers(self) -> tuple[str, ...]:
+        """Every manager's base URL, ``manager_url``'s first (empty: no heartbeats)."""
+        if self.manager_url is None:
+            return ()
+        return (self.manager_url, *self.manager_urls)
 
     @property
     def rules(self) -> NodeRules:
@@ -351,63 +378,93 @@ class NodeAgent:
 
 
 class ManagerLink:
-    """Posts reports to the manager over one kept-alive HTTP connection, reconnecting as needed;
-    an ``https://`` manager is verified with ``context`` (default: the system's trust store)."""
+    """Posts reports to the manager over one kept-alive HTTP connection per manager,
+    reconnecting as needed; an ``https://`` manager is verified with ``context`` (default: the
+    system's trust store). With several managers it follows the leader (:mod:`agents.managers`):
+    the next one on a network failure or a ``503``, a ``307`` only to a configured manager."""
 
     def __init__(
         self,
-        manager_url: str,
+        manager_url: str | Sequence[str],
         token: str,
         timeout: float = MANAGER_TIMEOUT,
         *,
         context: ssl.SSLContext | None = None,
     ) -> None:
-        parts = urllib.parse.urlsplit(manager_url)
-        self._https = parts.scheme == "https"
-        self._context = context or (client_context() if self._https else None)
-        self._host = parts.hostname or ""
-        self._port = parts.port
-        self._path = parts.path.rstrip("/") + "/v1/reports"
+        self.managers = ManagerUrls([manager_url] if isinstance(manager_url, str) else manager_url)
+        self._context = context
         self._token = token
         self._timeout = timeout
-        self._connection: http.client.HTTPConnection | None = None
+        self._connections: dict[int, http.client.HTTPConnection] = {}
 
-    def _connect(self) -> http.client.HTTPConnection:
-        if self._connection is None:
-            if self._https:
-                self._connection = http.client.HTTPSConnection(
-                    self._host, self._port, timeout=self._timeout, context=self._context
+    def _connect(self, index: int) -> tuple[http.client.HTTPConnection, str]:
+        """The connection to manager ``index`` and the path reports are posted to there."""
+        parts = urllib.parse.urlsplit(self.managers.urls[index])
+        path = parts.path.rstrip("/") + "/v1/reports"
+        connection = self._connections.get(index)
+        if connection is None:
+            if parts.scheme == "https":
+                connection = http.client.HTTPSConnection(
+                    parts.hostname or "",
+                    parts.port,
+                    timeout=self._timeout,
+                    context=self._context or client_context(),
                 )
             else:
-                self._connection = http.client.HTTPConnection(
-                    self._host, self._port, timeout=self._timeout
+                connection = http.client.HTTPConnection(
+                    parts.hostname or "", parts.port, timeout=self._timeout
                 )
-        return self._connection
+            self._connections[index] = connection
+        return connection, path
 
-    def post(self, report: Report) -> None:
-        """Send one report; raises :class:`ProtocolError` on any failure, saying why."""
+    def post(self, report: Report, *, before_each: Callable[[], None] | None = None) -> None:
+        """Send one report to the leading manager; raises :class:`ProtocolError` on any
+        failure, saying why. ``before_each`` runs just before every attempt (the lease is
+        renewed before each post: :class:`LeaseKeeper`)."""
         body = json.dumps(report_to_dict(report)).encode()
         headers = {
             "Authorization": f"Bearer {self._token}",
             "Content-Type": "application/json",
         }
-        try:
-            connection = self._connect()
-            connection.request("POST", self._path, body=body, headers=headers)
-            response = connection.getresponse()
-            detail = response.read(500)
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()
-            reason = verification_failure(exc) or exc or type(exc).__name__
-            raise ProtocolError(f"manager unreachable: {reason}") from None
-        if response.status >= 300:
-            raise ProtocolError(f"manager refused the report: {response.status} {detail!r}")
+        attempts = self.managers.round()
+        for index in attempts:
+            url = self.managers.urls[index]
+            if before_each is not None:
+                before_each()
+            try:
+                connection, path = self._connect(index)
+                connection.request("POST", path, body=body, headers=headers)
+                response = connection.getresponse()
+                detail = response.read(500)
+                location = response.getheader("Location")
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(index)
+                reason = verification_failure(exc) or exc or type(exc).__name__
+                attempts.problems.append(f"manager unreachable: {reason}")
+                continue
+            if response.status == HTTPStatus.TEMPORARY_REDIRECT:
+                why = attempts.redirect(location, url) if location else "gave no Location"
+                if why is not None:
+                    attempts.problems.append(f"manager at {url} redirected: {why}")
+                continue
+            if response.status == HTTPStatus.SERVICE_UNAVAILABLE:
+                attempts.problems.append(f"manager at {url} is not taking reports: {detail!r}")
+                continue
+            attempts.took(index)
+            if response.status >= 300:
+                raise ProtocolError(f"manager refused the report: {response.status} {detail!r}")
+            return
+        raise ProtocolError("; ".join(attempts.problems))
+
+    def _drop(self, index: int) -> None:
+        connection = self._connections.pop(index, None)
+        if connection is not None:
+            connection.close()
 
     def close(self) -> None:
-        """Drop the connection (the next post opens a new one)."""
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        """Drop the connections (the next post opens new ones)."""
+        for index in list(self._connections):
+            self._drop(index)
 
 
 class LeaseKeeper:
@@ -479,14 +536,13 @@ def heartbeat_loop(
     lease: LeaseKeeper | None = None,
 ) -> None:
     """Post a report every ``interval`` until ``stop``; back off while the manager fails. With a
-    ``lease``, renew it just before each post."""
+    ``lease``, renew it just before each post (before each attempt, when a standby redirects
+    or a manager fails and the next is tried)."""
     delay = 0.0
     failing = False
     while not stop.wait(delay):
-        if lease is not None:
-            lease.before_post()
         try:
-            link.post(agent.report())
+            link.post(agent.report(), before_each=lease.before_post if lease else None)
         except ProtocolError as exc:
             if lease is not None:
                 lease.post_failed()
@@ -852,13 +908,13 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
     renewing: threading.Thread | None = None
     keeper: LeaseKeeper | None = None
     if config.lease > 0:
-        keeper = LeaseKeeper(driver, config.lease, heartbeats=config.manager_url is not None)
+        keeper = LeaseKeeper(driver, config.lease, heartbeats=bool(config.managers))
         renewing = threading.Thread(target=keeper.loop, args=(stop,), name="lease", daemon=True)
         renewing.start()
     beating: threading.Thread | None = None
-    if config.manager_url is not None:
+    if config.managers:
         link = ManagerLink(
-            config.manager_url, config.token.reveal(), context=client_context(config.ca_file)
+            config.managers, config.token.reveal(), context=client_context(config.ca_file)
         )
         beating = threading.Thread(
             target=heartbeat_loop,
@@ -873,7 +929,7 @@ def run(config: NodeAgentConfig, stop: threading.Event | None = None) -> int:
     finally:
         stop.set()
         if beating is not None:
-            beating.join(timeout=MANAGER_TIMEOUT + 1)
+            beating.join(timeout=MANAGER_TIMEOUT * (len(config.managers) + 1) + 1)
         if renewing is not None:
             renewing.join(timeout=5)
         server.shutdown()

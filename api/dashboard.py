@@ -2,9 +2,10 @@
 
 The page and its script are public (they hold no data); the data comes from the ``/v1`` API with
 the read token the operator pastes once, kept in the tab's ``sessionStorage``, never in a URL.
-Chart.js is installed by npm (``package.json``, ``npm ci`` in ``scripts/install``) and served
-from ``node_modules``: no CDN, so the page works offline. The responses carry a strict Content
-Security Policy: scripts only from this origin, no inline script, no other host contacted.
+Chart.js ships in the package (``api/static/vendor/``, its version and licence in the README
+there) and is served by the manager: no CDN, so the page works offline. The responses carry a
+strict Content Security Policy: scripts only from this origin, no inline script, no other host
+contacted.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 log = logging.getLogger("dnslb.api")
 
 STATIC = Path(__file__).resolve().parent / "static"
-ROOT = Path(__file__).resolve().parent.parent
-CHART_JS = ROOT / "node_modules" / "chart.js" / "dist" / "chart.umd.min.js"
+CHART_JS = STATIC / "vendor" / "chart.umd.min.js"
 FILES = {
     "index.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
@@ -42,9 +42,8 @@ def dashboard_router(chart_library: Path | None = CHART_JS) -> APIRouter:
     router = APIRouter(include_in_schema=False)
     if chart_library is None or not chart_library.is_file():
         log.warning(
-            "the dashboard's chart library is missing (%s): in a checkout, run scripts/install "
-            "(npm ci); a package install does not ship it yet, so the charts stay empty (the "
-            "tables and the API work)",
+            "the dashboard's chart library is missing (%s): the charts stay empty (the tables "
+            "and the API work); reinstall dnslb, which ships it",
             chart_library,
         )
 
@@ -65,7 +64,7 @@ def dashboard_router(chart_library: Path | None = CHART_JS) -> APIRouter:
         if chart_library is None or not chart_library.is_file():
             return JSONResponse(
                 {
-                    "error": "the chart library is not installed: run scripts/install (npm ci)",
+                    "error": "the chart library is missing from this install: reinstall dnslb",
                     "problems": [],
                 },
                 status_code=404,

@@ -5,14 +5,15 @@ Prometheus asks, so the metrics cannot drift from what the API shows. Counters t
 keeps since it started (requests served, answers, report outcomes) reset when it restarts, as
 Prometheus expects of counters.
 
-Per server (labels ``pool``, ``server``): utilization, in-progress requests, weight, TTL, the
-intended share of answers (weight / sum of weights in its pool), paused (policy / operator),
-state (one series per state, 1 for the current one), report age, cost, requests served, and
-answers counted by the pipe backends when the manager has them (those it was in, and those it
-came first in). Per pool: servers by state, members of the published plan by state, servers left
-out of it, scale events, cost, requests served, mean TTL handed out, launches and failed launches
-and whether launching is paused. Per cluster: failovers, controller tick errors, nodes alive.
-Manager: last tick's duration, tick errors (whole ticks and parts), plan version, age, refresh and
+Per pool and location (labels ``pool``, ``location``): the mean utilization of the location's
+reporting servers. Per server (labels ``pool``, ``server``): utilization, in-progress requests,
+weight, TTL, the intended share of answers (weight / sum of weights in its pool), paused (policy /
+operator), state (one series per state, 1 for the current one), report age, cost, requests served,
+and answers counted by the pipe backends when the manager has them (those it was in, and those it
+came first in). Per pool: servers by state, members of the published plan by state, servers left out
+of it, scale events, cost, requests served, mean TTL handed out, launches and failed launches and
+whether launching is paused. Per cluster: failovers, controller tick errors, nodes alive. Manager:
+last tick's duration, tick errors (whole ticks and parts), plan version, age, refresh and
 stale_after, plans refused, publish errors and whether the plan store answered, readiness, agent
 reports by outcome. The shipped alerting rules (``deploy/prometheus/dnslb.rules.yml``) read them.
 
@@ -30,7 +31,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from dnslb.control import ManagerControl, Telemetry
+from dnslb.control import ManagerControl, Telemetry, location_loads
 from dnslb.model import ServerState
 
 _SERVER = ["pool", "server"]
@@ -92,6 +93,11 @@ class ControlCollector:
             "DNS answers that held it first, counted by the pipe backends",
             labels=_SERVER,
         )
+        location_load = GaugeMetricFamily(
+            "dnslb_location_utilization",
+            "mean smoothed utilization of a location's reporting servers (docs/topology.md)",
+            labels=["pool", "location"],
+        )
         weights: dict[str, float] = defaultdict(float)
         for server in servers:
             if server.weight is not None:
@@ -122,8 +128,11 @@ class ControlCollector:
                 answers.add_metric(labels, server.answers)
             if server.id in telemetry.first_answers:
                 first_answers.add_metric(labels, telemetry.first_answers[server.id])
+        for load in location_loads(servers):
+            if load.utilization is not None:
+                location_load.add_metric([load.pool, load.location], load.utilization)
         yield from (utilization, in_progress, weight, ttl, share, paused, state, report_age)
-        yield from (cost, served, answers, first_answers)
+        yield from (cost, served, answers, first_answers, location_load)
 
     def _pools(self, telemetry: Telemetry) -> Iterable[Metric]:
         servers = GaugeMetricFamily(
@@ -229,6 +238,14 @@ class ControlCollector:
         yield parts
         yield GaugeMetricFamily(
             "dnslb_manager_ready", "1 once plans are published", 1.0 if stats.ready else 0.0
+        )
+        yield GaugeMetricFamily(
+            "dnslb_manager_leader",
+            "1 while this manager leads (0: a standby)",
+            1.0 if stats.role == "leader" else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "dnslb_manager_epoch", "the leadership epoch it leads in (0: none)", stats.epoch
         )
         yield GaugeMetricFamily(
             "dnslb_plan_version", "version of the last published plan", stats.plan_version

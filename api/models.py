@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -26,6 +26,7 @@ from dnslb.control import (
     AnswerExample,
     Explanation,
     History,
+    LocationLoad,
     ManagerStats,
     MemberExplanation,
     PoolSample,
@@ -164,6 +165,7 @@ class ServerOut(BaseModel):
     served: Count = Field(description="requests served while known to this manager")
     answers: MaybeCount = Field(description="DNS answers that held it; null: not counted")
     why: Text = Field(description="why it is or is not in the published plan's answers")
+    location: MaybeText = Field(None, description="its region or site; null: none")
 
     @classmethod
     def of(cls, view: ServerView) -> Self:
@@ -245,12 +247,31 @@ class StatsOut(BaseModel):
     tick_errors: Count
     reports: Counts = Field(description="agent reports by outcome")
     ready: bool
+    role: Literal["leader", "standby"] = Field(
+        description="standby: another manager leads; this one serves reads only"
+    )
+    epoch: Count = Field(description="the leadership epoch it leads in (0: SQLite, no lease)")
 
     @classmethod
     def of(cls, stats: ManagerStats) -> Self:
         fields = _fields_of(stats)
         fields["reports"] = dict(stats.reports)
         return cls(**fields)
+
+
+class LocationLoadOut(BaseModel):
+    """The load of one pool's servers in one location (:class:`dnslb.control.LocationLoad`)."""
+
+    model_config = _STRICT
+    pool: Text
+    location: Text
+    servers: Count = Field(description="servers in the location, whatever their state")
+    reporting: Count = Field(description="of them, those with a utilization")
+    utilization: MaybeReal = Field(description="their mean smoothed utilization")
+
+    @classmethod
+    def of(cls, view: LocationLoad) -> Self:
+        return cls(**_fields_of(view))
 
 
 class StatusOut(BaseModel):
@@ -261,6 +282,9 @@ class StatusOut(BaseModel):
     pools: Count
     servers: Counts = Field(description="servers by state, every pool")
     paused: Count = Field(description="servers paused by the policy or an operator")
+    locations: list[LocationLoadOut] = Field(
+        default_factory=list, description="per pool and location, its servers' load"
+    )
 
 
 class ServerCost(BaseModel):

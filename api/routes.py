@@ -41,6 +41,7 @@ from api.models import (
     EventPage,
     ExplanationOut,
     HistoryOut,
+    LocationLoadOut,
     PlanOut,
     PoolCost,
     PoolOut,
@@ -50,7 +51,7 @@ from api.models import (
     StatusOut,
     bounded_float,
 )
-from dnslb.control import ManagerControl, NotFound
+from dnslb.control import ManagerControl, NotFound, location_loads
 from dnslb.errors import ConfigError
 from dnslb.plan import plan_to_dict
 
@@ -241,6 +242,7 @@ def v1_router(control: ManagerControl, schemas: SpecSchemas) -> APIRouter:
             pools=len(control.pools()),
             servers=dict(by_state),
             paused=sum(1 for s in servers if s.paused or s.admin_paused),
+            locations=[LocationLoadOut.of(load) for load in location_loads(servers)],
         )
 
     @router.get("/pools", responses=READ_ERRORS, tags=["pools"])

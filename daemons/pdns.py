@@ -142,6 +142,10 @@ pipe-command={command}
 # they rotate per query while SOA, NS and negative answers stay in pdns's caches.
 # ABI 5 adds CMD, for `pdnsutil backend-cmd pipe status`.
 pipe-abi-version={settings.abi}
+# Pass the EDNS Client Subnet to the pipe backend (ABI 3+: its Q lines' last field) and return
+# the answer's scope: pools with client networks answer by the client's location
+# (docs/topology.md); without the option the resolver's address decides.
+edns-subnet-processing=yes
 # A reply slower than this drops the query and restarts the coprocess; ours take microseconds.
 pipe-timeout={settings.pipe_timeout_ms}
 # Required with a pipe backend: pdns 4.7 exits at startup when it tries to list zones.

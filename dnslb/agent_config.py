@@ -38,6 +38,9 @@ from dnslb.config import FileReference, PluginConfig, Secret, setting
 from dnslb.report import MAX_ID_LENGTH
 from dnslb.tls import ca_file_problem, plaintext_url_problem
 
+MAX_MANAGERS = 16
+"""Most manager URLs an agent is given (each is tried at most once per report)."""
+
 
 def _url_problem(name: str, url: str) -> str | None:
     parsed = urllib.parse.urlsplit(url)
@@ -120,6 +123,11 @@ class AgentConfig:
     manager_url: str = setting(
         help="the manager's base URL; reports go to `{manager_url}/v1/reports`"
     )
+    manager_urls: tuple[str, ...] = setting(
+        default_factory=tuple,
+        help="more managers' base URLs (standbys of an active/standby pair): reports go to the "
+        "leader among these and manager_url, following a standby's redirect only to one of them",
+    )
     token: Secret = setting(help="this agent's bearer token")
     source: SourceConfig = setting(help="where requests in progress are read")
     interval: float = setting(1.0, help="seconds between reports", min=0.05, max=60.0)
@@ -151,6 +159,14 @@ class AgentConfig:
         )
         if problem:
             yield problem
+        if len(self.manager_urls) > MAX_MANAGERS:
+            yield f"manager_urls: at most {MAX_MANAGERS} managers"
+        for index, url in enumerate(self.manager_urls[:MAX_MANAGERS]):
+            name = f"manager_urls[{index}]"
+            if problem := _url_problem(name, url) or plaintext_url_problem(
+                name, url, self.allow_plaintext
+            ):
+                yield problem
         if problem := ca_file_problem(self.ca_file):
             yield problem
         if self.backoff_cap < self.interval:
@@ -158,8 +174,14 @@ class AgentConfig:
 
     @property
     def reports_url(self) -> str:
-        """Where reports are posted."""
+        """Where reports are posted (to the first manager)."""
         return self.manager_url.rstrip("/") + "/v1/reports"
+
+    @property
+    def reports_urls(self) -> tuple[str, ...]:
+        """Where reports may be posted: one URL per manager, ``manager_url``'s first."""
+        urls = (self.manager_url, *self.manager_urls)
+        return tuple(dict.fromkeys(url.rstrip("/") + "/v1/reports" for url in urls))
 
 
 def agent_command(config_path: str | os.PathLike[str], *, python: str | None = None) -> list[str]:

@@ -64,6 +64,33 @@ class ServerView:
     served: int  # requests served while known to this manager
     answers: int | None  # answers that held it, counted by the pipe backends (None: unknown)
     why: str  # why it is or is not in the published plan's answers (as explain says it)
+    location: str | None = None  # its region or site (docs/topology.md)
+
+
+@dataclass(frozen=True, slots=True)
+class LocationLoad:
+    """The load of one pool's servers in one location (docs/topology.md)."""
+
+    pool: str
+    location: str
+    servers: int  # servers in the location, whatever their state
+    reporting: int  # of them, those with a utilization
+    utilization: float | None  # their mean smoothed utilization; None: none reports
+
+
+def location_loads(servers: Sequence[ServerView]) -> list[LocationLoad]:
+    """Per pool and location (sorted), how loaded its servers are; servers without a location
+    are left out."""
+    found: dict[tuple[str, str], list[ServerView]] = {}
+    for server in servers:
+        if server.location is not None:
+            found.setdefault((server.pool, server.location), []).append(server)
+    loads = []
+    for (pool, location), members in sorted(found.items()):
+        values = [s.utilization for s in members if s.utilization is not None]
+        mean = sum(values) / len(values) if values else None
+        loads.append(LocationLoad(pool, location, len(members), len(values), mean))
+    return loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +208,8 @@ class ManagerStats:
     tick_errors: int
     reports: Mapping[str, int]  # report outcomes: accepted, bad_token, stale_seq...
     ready: bool
+    role: str = "leader"  # "leader" or "standby" (managers in active/standby)
+    epoch: int = 0  # the leadership epoch this manager leads in (0: no lease: SQLite)
 
 
 @dataclass(frozen=True, slots=True)

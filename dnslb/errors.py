@@ -19,6 +19,7 @@
     +-- manager.providers.base.ProviderError     a cloud call failed (``retryable`` or not)
     +-- manager.ingest.Rejected                 an agent's report was refused (its HTTP status)
     +-- manager.clusters.VersionsExhausted      a cluster has no dispatch table version left
+    +-- manager.leadership.Fenced               a write of a manager whose epoch has passed
     +-- cli.ctl.CtlError                        a ``dnslb ctl`` command failed (its exit status)
     +-- lab.loadtest.resolver.LookupFailed      a load-test client's DNS lookup got no address
 

@@ -11,14 +11,24 @@ above the floor, only active members unless it is a fallback answer).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import random
 from typing import Any
 
 from dnslb.errors import PlanError
 from dnslb.fuzzing import Finding, Harness, deep_json, json_text, mutate_document
-from dnslb.plan import Fallback, MemberState, Plan, PoolCache, parse_plan_json, plan_to_json
-from dnslb.selection import pool_answers
+from dnslb.plan import (
+    Fallback,
+    MemberState,
+    Plan,
+    Pool,
+    PoolCache,
+    parse_plan_json,
+    plan_to_json,
+)
+from dnslb.selection import PoolAnswers, pool_answers
+from dnslb.topology import NetworkTable, located_pool, location_shares
 
 _TYPES = ("A", "AAAA", "CNAME", "MX", "NS", "TXT", "SRV", "CAA", "PTR")
 
@@ -43,11 +53,29 @@ def _content(rng: random.Random, rtype: str, zone: str) -> str:
     }[rtype]
 
 
+_LOCATIONS = ("eu", "us-east", "dc2", "a")
+
+
+def _networks(rng: random.Random) -> list[dict[str, str]]:
+    """Client networks, nested and overlapping, of both families, once each."""
+    networks: dict[str, str] = {}
+    for _ in range(rng.randint(0, 12)):
+        network: ipaddress.IPv4Network | ipaddress.IPv6Network
+        if rng.random() < 0.3:
+            length = rng.choice((0, 8, 32, 48, 64, 128))
+            network = ipaddress.IPv6Network((rng.getrandbits(128), length), strict=False)
+        else:
+            length = rng.choice((0, 1, 8, 12, 16, 24, 31, 32))
+            network = ipaddress.IPv4Network((rng.getrandbits(32), length), strict=False)
+        networks[str(network)] = rng.choice(_LOCATIONS)
+    return [{"network": network, "location": name} for network, name in networks.items()]
+
+
 def random_plan_document(rng: random.Random) -> dict[str, Any]:
     """A plan document that is valid most of the time: zones with static records, pools with
     members of both families, every state, weights and TTLs over their whole ranges."""
     zones = []
-    pools = []
+    pools: list[dict[str, Any]] = []
     for z in range(rng.randint(1, 3)):
         zone = f"zone{z}.test" if rng.random() < 0.8 else f"sub.zone{z}.test"
         records = []
@@ -82,6 +110,8 @@ def random_plan_document(rng: random.Random) -> dict[str, Any]:
                         "utilization": rng.choice((0.0, 0.5, 0.95, 3.0, 1e9)),
                     }
                 )
+                if rng.random() < 0.5:
+                    members[-1]["location"] = rng.choice(_LOCATIONS)
             pools.append(
                 {
                     "name": f"pool{p}.{zone}",
@@ -91,7 +121,12 @@ def random_plan_document(rng: random.Random) -> dict[str, Any]:
                     "members": members,
                 }
             )
-    return {
+            if rng.random() < 0.5:
+                pools[-1]["networks"] = _networks(rng)
+            if rng.random() < 0.2:  # never opened here: the plan only names it
+                codes = {"FR": "eu", "US": "us-east", "US-CA": "a"}
+                pools[-1]["geoip"] = {"database": "/var/lib/geoip/City.mmdb", "locations": codes}
+    document: dict[str, Any] = {
         "format": 1,
         "version": rng.choice((0, 1, 7, 2**63 - 1)),
         "generated_at": rng.choice((None, 1.7e9)),
@@ -99,6 +134,9 @@ def random_plan_document(rng: random.Random) -> dict[str, Any]:
         "zones": zones,
         "pools": pools,
     }
+    if rng.random() < 0.5:  # absent means 0
+        document["epoch"] = rng.choice((0, 1, 3, 2**53))
+    return document
 
 
 def hostile_plan_text(rng: random.Random) -> bytes:
@@ -135,20 +173,41 @@ def check_plan(plan: Plan) -> None:
         if not text.isascii() or any(char in text for char in "\t\n\r\0"):
             raise Finding(f"text a DATA line would carry is not clean: {text[:80]!r}")
     for pool in plan.pools:
-        answers = pool_answers(pool)
-        for family in (answers.v4, answers.v6):
-            if not family:
-                raise Finding(f"pool {pool.name}: an address family without any answer")
-            for answer in family:
-                ids = [member.id for member in answer.members]
-                if len(ids) > pool.k or len(set(ids)) != len(ids):
-                    raise Finding(f"pool {pool.name}: answer {ids} breaks k={pool.k} distinct")
-                if answer.ttl < pool.ttl_floor:
-                    raise Finding(f"pool {pool.name}: TTL {answer.ttl} below the floor")
-                if not answer.fallback and any(
-                    member.state is not MemberState.ACTIVE for member in answer.members
-                ):
-                    raise Finding(f"pool {pool.name}: a member that is not active is answered")
+        _check_answers(pool, pool_answers(pool))
+        if pool.networks:
+            _check_topology(pool)
+
+
+def _check_topology(pool: Pool) -> None:
+    table = NetworkTable(pool.networks)
+    shares = location_shares(pool)
+    for location in table.locations:
+        share = shares.get(location, {})
+        if share and abs(sum(share.values()) - 1.0) > 1e-9:
+            raise Finding(f"pool {pool.name}: {location}'s shares add up to {sum(share.values())}")
+        _check_answers(pool, pool_answers(located_pool(pool, share)))
+    for network in pool.networks:
+        address = int(ipaddress.ip_network(network.network).network_address)
+        found, scope = table.lookup(address, ":" in network.network)
+        width = 128 if ":" in network.network else 32
+        if found < 0 or not 0 <= scope <= width:
+            raise Finding(f"pool {pool.name}: {network.network} looked up as {found}, /{scope}")
+
+
+def _check_answers(pool: Pool, answers: PoolAnswers) -> None:
+    for family in (answers.v4, answers.v6):
+        if not family:
+            raise Finding(f"pool {pool.name}: an address family without any answer")
+        for answer in family:
+            ids = [member.id for member in answer.members]
+            if len(ids) > pool.k or len(set(ids)) != len(ids):
+                raise Finding(f"pool {pool.name}: answer {ids} breaks k={pool.k} distinct")
+            if answer.ttl < pool.ttl_floor:
+                raise Finding(f"pool {pool.name}: TTL {answer.ttl} below the floor")
+            if not answer.fallback and any(
+                member.state is not MemberState.ACTIVE for member in answer.members
+            ):
+                raise Finding(f"pool {pool.name}: a member that is not active is answered")
 
 
 class PlanHarness(Harness):

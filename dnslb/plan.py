@@ -13,6 +13,7 @@ policy. An operator can write one by hand; the pipe backend alone is then a stat
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -39,8 +40,18 @@ MAX_UTILIZATION = 1e9
 report's counts are at most 10^9)."""
 MAX_TIME = 1e11
 """Latest ``generated_at`` (unix seconds, about the year 5100) and longest ``stale_after``."""
+MAX_EPOCH = 2**53
+"""Largest leadership epoch (a counter in the database; 2^53 stays exact in any JSON reader)."""
 MAX_ID_LENGTH = 128
 MAX_TEXT_LENGTH = 4096
+MAX_NETWORKS = 10_000
+"""Most client networks one pool may map to locations (every pipe backend compiles them)."""
+LOCATION = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}\Z")
+GEOIP_CODE = re.compile(r"[A-Z]{2}(-[A-Z0-9]{1,3})?\Z")
+"""A country (ISO 3166-1 alpha-2, ``FR``) or a country's region (ISO 3166-2, ``US-CA``)."""
+MAX_GEOIP_CODES = 5000
+"""Most countries and regions one pool's MaxMind database map may name."""
+"""A location's name (a region or a site): a short lower-case token, ``eu-west``, ``dc2``."""
 """Longest text field (a static record's content); names are limited by DNS itself."""
 
 _SHOW = reprlib.Repr()
@@ -106,10 +117,27 @@ class Member:
     ttl: int
     state: MemberState = MemberState.ACTIVE
     utilization: float = 0.0
+    location: str | None = None  # its region or site (dnslb.topology)
 
     @property
     def ipv6(self) -> bool:
         return ":" in self.address
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """Clients in ``network`` (``10.0.0.0/8``, normalized) are in ``location``."""
+
+    network: str
+    location: str
+
+
+@dataclass(frozen=True, slots=True)
+class GeoIp:
+    """Clients located with a MaxMind-format database: its countries and regions by location."""
+
+    database: str  # absolute path, read by each pipe backend
+    locations: tuple[tuple[str, str], ...]  # (country or region code, location), sorted
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +149,8 @@ class Pool:
     k: int = 4
     ttl_floor: int = 5
     fallback: Fallback = Fallback.FAIL_OPEN
+    networks: tuple[Network, ...] = ()  # client networks by location (dnslb.topology)
+    geoip: GeoIp | None = None  # where the networks do not say (dnslb.geoip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +200,7 @@ class Plan:
     pools: tuple[Pool, ...] = ()
     generated_at: float | None = None  # unix seconds; None for a hand-written plan
     stale_after: float | None = None  # seconds after generated_at; None: never stale
+    epoch: int = 0  # the leading manager's fencing epoch; 0 without leadership (one manager)
 
     def age(self, now: float) -> float | None:
         """Seconds since the plan was generated, or None when it does not say."""
@@ -316,13 +347,14 @@ def parse_plan(document: object, *, known: Sequence[Pool | None] = ()) -> Plan:
         document,
         "",
         required=("format", "version", "zones"),
-        optional=("generated_at", "stale_after", "pools"),
+        optional=("generated_at", "stale_after", "pools", "epoch"),
     )
     if top is None:
         raise PlanError("invalid plan", reader.problems)
     if "format" in top and top["format"] != FORMAT:
         reader.fail("format", f"this dnslb reads plan format {FORMAT}, not {show(top['format'])}")
     version = reader.integer(top.get("version"), "version", 0, 2**63 - 1) if "version" in top else 0
+    epoch = reader.integer(top.get("epoch", 0), "epoch", 0, MAX_EPOCH)
     generated_at = None
     if top.get("generated_at") is not None:
         generated_at = reader.number(top["generated_at"], "generated_at", 0.0, MAX_TIME)
@@ -353,10 +385,11 @@ def parse_plan(document: object, *, known: Sequence[Pool | None] = ()) -> Plan:
     _check_unique(reader, [pool.name for pool in pools], "pools", "name", "pool")
     _check_pool_conflicts(reader, zones, pools)
 
-    if reader.problems or version is None:
+    if reader.problems or version is None or epoch is None:
         raise PlanError("invalid plan", reader.problems)
     return Plan(
         version=version,
+        epoch=epoch,
         zones=zones,
         pools=tuple(pools),
         generated_at=generated_at,
@@ -534,7 +567,10 @@ def _address(text: str) -> str | None:
 
 def _parse_pool(reader: _Reader, item: object, path: str) -> Pool | None:
     raw = reader.mapping(
-        item, path, required=("name", "members"), optional=("k", "ttl_floor", "fallback")
+        item,
+        path,
+        required=("name", "members"),
+        optional=("k", "ttl_floor", "fallback", "networks", "geoip"),
     )
     if raw is None:
         return None
@@ -552,11 +588,97 @@ def _parse_pool(reader: _Reader, item: object, path: str) -> Pool | None:
             members.append(member)
     _check_unique(reader, [m.id for m in members], f"{path}.members", "id", "member id")
     _check_unique(reader, [m.address for m in members], f"{path}.members", "address", "address")
+    networks = _parse_networks(reader, raw.get("networks", []), f"{path}.networks")
+    geoip = _parse_geoip(reader, raw["geoip"], f"{path}.geoip") if "geoip" in raw else None
     if len(reader.problems) > before or name is None or k is None or ttl_floor is None:
         return None
     if fallback is None:
         return None
-    return Pool(name=name, members=tuple(members), k=k, ttl_floor=ttl_floor, fallback=fallback)
+    return Pool(
+        name=name,
+        members=tuple(members),
+        k=k,
+        ttl_floor=ttl_floor,
+        fallback=fallback,
+        networks=networks,
+        geoip=geoip,
+    )
+
+
+def _parse_geoip(reader: _Reader, value: object, path: str) -> GeoIp | None:
+    raw = reader.mapping(value, path, required=("database", "locations"))
+    if raw is None:
+        return None
+    before = len(reader.problems)
+    database = reader.text(raw.get("database"), f"{path}.database")
+    if database is not None and not database.startswith("/"):
+        reader.fail(f"{path}.database", f"{show(database)} must be an absolute path")
+    codes = raw.get("locations")
+    if not isinstance(codes, Mapping):
+        reader.fail(f"{path}.locations", f"must be an object, not {_kind(codes)}")
+        return None
+    if len(codes) > MAX_GEOIP_CODES:
+        reader.fail(f"{path}.locations", f"must name at most {MAX_GEOIP_CODES}, not {len(codes)}")
+        return None
+    pairs = []
+    for code, location in codes.items():
+        here = _join(f"{path}.locations", _key(code))
+        if not isinstance(code, str) or not GEOIP_CODE.match(code):
+            reader.fail(here, "must be a country (FR) or a region (US-CA) in upper case")
+            continue
+        text = reader.text(location, here, limit=32)
+        if text is not None and (problem := location_problem(text)):
+            reader.fail(here, problem)
+        elif text is not None:
+            pairs.append((code, text))
+    if len(reader.problems) > before or database is None:
+        return None
+    return GeoIp(database=database, locations=tuple(sorted(pairs)))
+
+
+def location_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a location's name, or None."""
+    if LOCATION.match(text):
+        return None
+    return "must be 1 to 32 of a-z, 0-9, '-' and '_', starting with a letter or a digit"
+
+
+def network_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a client network (``10.0.0.0/8``, ``2001:db8::/32``), or None."""
+    if not text.isascii() or "/" not in text:
+        return f"{show(text)} is not a network: an address and a prefix length (10.0.0.0/8)"
+    try:
+        ipaddress.ip_network(text, strict=True)
+    except ValueError as exc:
+        return f"{show(text)} is not a network: {exc}"
+    return None
+
+
+def _parse_networks(reader: _Reader, value: object, path: str) -> tuple[Network, ...]:
+    items = reader.items(value, path)
+    if len(items) > MAX_NETWORKS:
+        reader.fail(path, f"must hold at most {MAX_NETWORKS} networks, not {len(items)}")
+        return ()
+    networks: list[Network] = []
+    for index, item in enumerate(items):
+        here = f"{path}[{index}]"
+        raw = reader.mapping(item, here, required=("network", "location"))
+        if raw is None:
+            continue
+        network = reader.text(raw.get("network"), f"{here}.network", limit=64)
+        location = reader.text(raw.get("location"), f"{here}.location", limit=32)
+        problem = None if network is None else network_problem(network)
+        if problem:
+            reader.fail(f"{here}.network", problem)
+        elif network is not None:
+            network = str(ipaddress.ip_network(network))
+        if location is not None and (problem := location_problem(location)):
+            reader.fail(f"{here}.location", problem)
+            location = None
+        if network is not None and location is not None:
+            networks.append(Network(network=network, location=location))
+    _check_unique(reader, [n.network for n in networks], path, "network", "network")
+    return tuple(networks)
 
 
 def _parse_member(reader: _Reader, item: object, path: str) -> Member | None:
@@ -564,7 +686,7 @@ def _parse_member(reader: _Reader, item: object, path: str) -> Member | None:
         item,
         path,
         required=("id", "address"),
-        optional=("weight", "ttl", "state", "utilization"),
+        optional=("weight", "ttl", "state", "utilization", "location"),
     )
     if raw is None:
         return None
@@ -583,7 +705,15 @@ def _parse_member(reader: _Reader, item: object, path: str) -> Member | None:
     )
     if len(reader.problems) > before or member_id is None or address is None or weight is None:
         return None
+    location = None
+    if raw.get("location") is not None:
+        location = reader.text(raw["location"], f"{path}.location", limit=32)
+        if location is not None and (problem := location_problem(location)):
+            reader.fail(f"{path}.location", problem)
+            return None
     if ttl is None or state is None or utilization is None:
+        return None
+    if raw.get("location") is not None and location is None:
         return None
     return Member(
         id=member_id,
@@ -592,6 +722,7 @@ def _parse_member(reader: _Reader, item: object, path: str) -> Member | None:
         ttl=ttl,
         state=state,
         utilization=utilization,
+        location=location,
     )
 
 
@@ -619,6 +750,9 @@ def normal_address(text: str) -> str:
 
 
 def _member_to_dict(member: Member) -> dict[str, Any]:
+    # ``location`` and a pool's ``networks`` are written only when set: a plan without
+    # topology stays readable by pipe backends that predate it (they refuse unknown keys).
+    location = {"location": member.location} if member.location is not None else {}
     return {
         "id": member.id,
         "address": member.address,
@@ -626,14 +760,29 @@ def _member_to_dict(member: Member) -> dict[str, Any]:
         "ttl": member.ttl,
         "state": member.state,
         "utilization": member.utilization,
+        **location,
     }
 
 
+def _networks_to_dict(pool: Pool) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    if pool.networks:
+        result["networks"] = [{"network": n.network, "location": n.location} for n in pool.networks]
+    if pool.geoip is not None:
+        result["geoip"] = {"database": pool.geoip.database, "locations": dict(pool.geoip.locations)}
+    return result
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """The plan as a JSON-ready document that :func:`parse_plan` reads back unchanged."""
+    """The plan as a JSON-ready document that :func:`parse_plan` reads back unchanged.
+
+    ``epoch`` is written only when not 0, so that a single manager's plans stay readable by
+    pipe backends that predate it (they refuse unknown keys)."""
+    epoch = {"epoch": plan.epoch} if plan.epoch else {}
     return {
         "format": FORMAT,
         "version": plan.version,
+        **epoch,
         "generated_at": plan.generated_at,
         "stale_after": plan.stale_after,
         "zones": [
@@ -665,6 +814,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "ttl_floor": pool.ttl_floor,
                 "fallback": pool.fallback,  # a StrEnum is a str: JSON writes its value
                 "members": [_member_to_dict(member) for member in pool.members],
+                **_networks_to_dict(pool),
             }
             for pool in plan.pools
         ],
@@ -823,9 +973,12 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys)  # as json.loa
 
 __all__ = [
     "FORMAT",
+    "MAX_EPOCH",
     "Fallback",
+    "GeoIp",
     "Member",
     "MemberState",
+    "Network",
     "Plan",
     "Pool",
     "PoolCache",
@@ -833,7 +986,9 @@ __all__ = [
     "Soa",
     "Zone",
     "address_problem",
+    "location_problem",
     "member_problems",
+    "network_problem",
     "normal_address",
     "parse_plan",
     "parse_plan_json",

@@ -218,6 +218,58 @@ class FilePlanStore(PlanStore):
         return documents
 
 
+class MemoryPlanStore(PlanStore):
+    """A plan kept in this process, as text: what a file or Redis would hold, read through the
+    same parser (the simulator's manager publishes here and its pipe backend reads from here).
+    Statistics documents are kept by name, with the time they were written (``clock``)."""
+
+    def __init__(
+        self, *, max_plan_bytes: int = MAX_PLAN_BYTES, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.max_plan_bytes = max_plan_bytes
+        self.clock = clock
+        self.text: bytes | None = None
+        self.publications = 0
+        self.stats: dict[str, tuple[float, dict[str, Any]]] | None = None  # None: not opened
+        self.failing = False  # an outage: every call fails as an unreachable store's does
+
+    def describe(self) -> str:
+        return "memory"
+
+    def _check(self) -> None:
+        if self.failing:
+            raise OSError(errno.ECONNREFUSED, "the store is down (an outage)", self.describe())
+
+    def publish(self, plan: Plan, *, durable: bool = True) -> None:
+        self._check()
+        self.text = self._plan_text(plan)
+        self.publications += 1
+
+    def stamp(self) -> Hashable | None:
+        self._check()
+        return self.publications if self.text is not None else None
+
+    def read(self) -> Plan:
+        self._check()
+        if self.text is None:
+            raise OSError(errno.ENOENT, "no plan published", self.describe())
+        plan = parse_plan_json(self.text, cache=self.pool_cache)
+        self.last_text = self.text
+        return plan
+
+    def open_stats(self) -> None:
+        if self.stats is None:
+            self.stats = {}
+
+    def write_stats(self, name: str, document: dict[str, Any]) -> None:
+        if self.stats is not None:
+            self.stats[name] = (self.clock(), json.loads(json.dumps(document)))
+
+    def read_stats(self, max_age: float = 86400.0) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [doc for at, doc in (self.stats or {}).values() if now - at <= max_age]
+
+
 def read_regular_file(path: str | os.PathLike[str], limit: int) -> bytes:
     """The bytes of the regular file at ``path`` (symlinks followed), at most ``limit`` of them.
 
@@ -347,7 +399,7 @@ class RedisPlanStore(PlanStore):
 
     def publish(self, plan: Plan, *, durable: bool = True) -> None:
         text = self._plan_text(plan)
-        stamp = f"{plan.version}:{plan.generated_at}"
+        stamp = f"{plan.epoch}:{plan.version}:{plan.generated_at}"
         replies = self.connection.pipeline(
             [
                 ("MULTI",),

@@ -36,6 +36,11 @@ class PoolPolicy:
     ttl_max: int = setting(60, help="TTL of a lightly loaded server, seconds", min=0)
     ttl_min: int = setting(5, help="TTL of a server at th_over; also the TTL floor", min=0)
     th_over: float = setting(0.8, help="utilization above which a server is paused", min=0.01)
+    pause: bool = setting(
+        True,
+        help="leave a server above th_over out of answers until it cools down (false: never "
+        "pause; TTLs still fall towards th_over)",
+    )
     hysteresis: float = setting(
         0.1, help="a paused server resumes below th_over - hysteresis", min=0.0, max=1.0
     )
@@ -114,7 +119,10 @@ def update_load(
 
 
 def is_paused(was_paused: bool, utilization: float, policy: PoolPolicy) -> bool:
-    """Pause above ``th_over``; once paused, stay paused until below ``th_over - hysteresis``."""
+    """Pause above ``th_over``; once paused, stay paused until below ``th_over - hysteresis``
+    (never, when the policy does not pause)."""
+    if not policy.pause:
+        return False
     if was_paused:
         return utilization >= policy.th_over - policy.hysteresis - 1e-9  # 0.8 - 0.1 > 0.7
     return utilization > policy.th_over

@@ -12,8 +12,9 @@ accepted here once registered there.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,7 +22,19 @@ from urllib.parse import urlsplit
 
 from dnslb.config import FileReference, Secret, load_config, setting
 from dnslb.dnsname import name_problem, normalize
-from dnslb.plan import STATIC_TYPES, address_problem, show, text_problem
+from dnslb.plan import (
+    GEOIP_CODE,
+    MAX_GEOIP_CODES,
+    MAX_NETWORKS,
+    STATIC_TYPES,
+    GeoIp,
+    Network,
+    address_problem,
+    location_problem,
+    network_problem,
+    show,
+    text_problem,
+)
 from dnslb.policy import PoolPolicy
 from dnslb.report import id_problem
 from dnslb.scaling import ScalingPolicy
@@ -33,6 +46,7 @@ from dnslb.tls import (
 )
 from manager.checks import HealthCheckConfig
 from manager.clusters import ClusterNode, ClusterSettings
+from manager.leadership import LeaseSettings
 from manager.providers import ProviderConfig
 
 
@@ -44,6 +58,11 @@ class HttpConfig:
     port: int = setting(8700, help="listen port", min=1, max=65535)
     advertise_url: str | None = setting(
         None, help="URL launched servers' agents report to (default http://ADDRESS:PORT)"
+    )
+    peer_urls: tuple[str, ...] = setting(
+        default_factory=tuple,
+        help="the other managers' URLs (active/standby; this one's may be listed too): launched "
+        "servers' agents get them all and follow the leader",
     )
     cors_origins: tuple[str, ...] = setting(
         default_factory=tuple,
@@ -105,6 +124,14 @@ class HttpConfig:
                 yield problem
         if problem := ca_file_problem(self.agent_ca_file):
             yield f"agent_{problem}"
+        for index, peer in enumerate(self.peer_urls):
+            parts = urlsplit(peer)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                yield f"peer_urls[{index}]: {peer[:100]!r} is not an http(s) URL"
+            elif problem := plaintext_url_problem(
+                f"peer_urls[{index}]", peer, self.allow_plaintext
+            ):
+                yield problem
         for index, origin in enumerate(self.cors_origins):
             parsed = urlsplit(origin)
             if (
@@ -187,15 +214,42 @@ class PlanConfig:
 
 @dataclass(frozen=True, slots=True)
 class StateConfig:
-    """Durable state."""
+    """Durable state: a SQLite file (one manager), or PostgreSQL (managers in active/standby)."""
 
     path: str = setting("state.db", help="SQLite database (relative to the config file)")
+    url: str | None = setting(
+        None,
+        help="PostgreSQL instead of SQLite, shared by managers in active/standby: "
+        "postgresql://USER@HOST:PORT/DATABASE (docs/high-availability.md)",
+    )
+    password: Secret | None = setting(None, help="the PostgreSQL password, as a reference")
+    sslmode: Literal["disable", "prefer", "require", "verify-ca", "verify-full"] | None = setting(
+        None, help="libpq's sslmode for PostgreSQL (verify-full: check the server's name too)"
+    )
+    ssl_ca_file: str | None = setting(
+        None, help="CA certificate(s) to verify PostgreSQL's certificate with (sslrootcert)"
+    )
+    leadership: LeaseSettings = setting(
+        default_factory=LeaseSettings, help="the leadership lease (PostgreSQL only)"
+    )
     events_max_age: float = setting(
         2592000.0, help="seconds events are kept (30 days)", min=1.0, max=1e10
     )
     events_max_rows: int = setting(
         1000000, help="events kept at most (the oldest are deleted first)", min=1, max=10**12
     )
+
+    def config_problems(self) -> Iterator[str]:
+        if self.url is None:
+            for name in ("password", "sslmode", "ssl_ca_file"):
+                if getattr(self, name) is not None:
+                    yield f"{name}: only for PostgreSQL (set url)"
+            return
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("postgresql", "postgres"):
+            yield f"url: {self.url[:100]!r} must be a postgresql:// URL"
+        elif parts.password is not None:
+            yield "url: name the password as a reference in password, not in the URL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,10 +409,15 @@ class MemberConfig:
     cluster: str | None = setting(
         None, help="a single-IP cluster (clusters[].name): its nodes' load is this member's load"
     )
+    location: str | None = setting(
+        None, help="its region or site, matched against the pool's networks (docs/topology.md)"
+    )
 
     def config_problems(self) -> Iterator[str]:
         if problem := id_problem(self.id):
             yield f"id: {problem}"
+        if self.location is not None and (problem := location_problem(self.location)):
+            yield f"location: {problem}"
         if problem := address_problem(self.address):
             yield f"address: {problem} (DNS answers carry no %scope)"
         if self.check_address is not None:
@@ -369,6 +428,49 @@ class MemberConfig:
             else:
                 if problem := text_problem(self.check_address, ascii_only=True):
                     yield f"check_address: {problem}"
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkConfig:
+    """Clients in a network are in a location (docs/topology.md)."""
+
+    network: str = setting(help="client network, IPv4 or IPv6, without host bits: 10.0.0.0/8")
+    location: str = setting(help="the location of its clients (members' location)")
+
+    def config_problems(self) -> Iterator[str]:
+        if problem := network_problem(self.network):
+            yield f"network: {problem}"
+        if problem := location_problem(self.location):
+            yield f"location: {problem}"
+
+
+@dataclass(frozen=True, slots=True)
+class GeoIpConfig:
+    """Clients no network holds, located with a MaxMind-format database (docs/topology.md)."""
+
+    database: str = setting(help="absolute path of the database on every DNS server")
+    locations: Mapping[str, str] = setting(
+        help="countries (FR) and regions (US-CA) by location; a region wins over its country"
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        if not self.database.startswith("/"):
+            yield f"database: {show(self.database)} must be an absolute path"
+        if len(self.locations) > MAX_GEOIP_CODES:
+            yield f"locations: at most {MAX_GEOIP_CODES}, not {len(self.locations)}"
+        for code, location in self.locations.items():
+            if not GEOIP_CODE.match(code):
+                yield f"locations: {show(code)} is not a country (FR) or region (US-CA)"
+            if problem := location_problem(location):
+                yield f"locations.{code}: {problem}"
+
+    def plan_geoip(self) -> GeoIp:
+        return GeoIp(self.database, tuple(sorted(self.locations.items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_networks(networks: tuple[NetworkConfig, ...]) -> tuple[Network, ...]:
+    return tuple(Network(str(ipaddress.ip_network(n.network)), n.location) for n in networks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +490,15 @@ class LifecycleConfig:
         3, help="failed launches in a row before launching pauses", min=1
     )
     launch_backoff: float = setting(
-        300.0, help="seconds launching pauses after too many failures", min=0.0
+        300.0,
+        help="longest pause of launching after max_failed_launches failures in a row",
+        min=0.0,
+    )
+    launch_backoff_start: float = setting(
+        15.0,
+        help="first pause of launching after max_failed_launches failures in a row; it doubles "
+        "at each pause until a launch works, up to launch_backoff",
+        min=0.0,
     )
     replace_after: float = setting(
         600.0,
@@ -426,6 +536,21 @@ class PoolConfig:
     lifecycle: LifecycleConfig = setting(
         default_factory=LifecycleConfig, help="timeouts of launched servers"
     )
+    location: str | None = setting(
+        None, help="the region or site of the servers the provider launches (docs/topology.md)"
+    )
+    networks: tuple[NetworkConfig, ...] = setting(
+        default_factory=tuple,
+        help="client networks by location: clients are answered first by their location's "
+        "members (docs/topology.md)",
+    )
+    geoip: GeoIpConfig | None = setting(
+        None, help="a MaxMind-format database locating the clients no network holds"
+    )
+
+    def plan_networks(self) -> tuple[Network, ...]:
+        """The networks as the plan carries them (normalized; computed once per config)."""
+        return _plan_networks(self.networks)
 
     @property
     def dns_name(self) -> str:
@@ -437,6 +562,13 @@ class PoolConfig:
             yield f"name: {self.name!r}: {problem}"
         if self.scaling is not None and self.provider is None:
             yield "scaling: needs a provider that launches servers"
+        if self.location is not None and (problem := location_problem(self.location)):
+            yield f"location: {problem}"
+        if len(self.networks) > MAX_NETWORKS:
+            yield f"networks: at most {MAX_NETWORKS}, not {len(self.networks)}"
+        networks = [network.network for network in self.networks]
+        if len(set(networks)) != len(networks):
+            yield "networks: a network is listed twice"
         seen: set[str] = set()
         for member in self.members:
             if member.id in seen:

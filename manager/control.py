@@ -98,7 +98,14 @@ class Control:
             served=server.served,
             answers=answers[server.id][1] if answers and server.id in answers else None,
             why=self._why(server),
+            location=self._location(server),
         )
+
+    def _location(self, server: ServerRuntime) -> str | None:
+        pool = self.manager.fleet.pools.get(server.record.pool)
+        if pool is None:
+            return None
+        return pool.server_location(server)
 
     def _standing(self, dns_name: str) -> _Standing:
         """The published plan's pool of ``dns_name``, its rotation and members' shares."""
@@ -283,6 +290,8 @@ class Control:
             tick_errors=manager.tick_errors,
             reports=dict(manager.ingest.counts),
             ready=manager.ready(),
+            role="leader" if manager.acting else "standby",
+            epoch=manager.epoch,
         )
 
     def telemetry(self) -> Telemetry:

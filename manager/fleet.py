@@ -17,7 +17,7 @@ from dnslb.policy import PoolPolicy, ServerLoad
 from dnslb.report import MAX_SERVED, Report
 from dnslb.tokens import token_hash, token_matches
 from manager.config import PoolConfig
-from manager.state import ServerRecord, StateStore
+from manager.state import ServerRecord, Store
 
 
 @dataclass(slots=True)
@@ -77,10 +77,23 @@ class ServerRuntime:
 class PoolRuntime:
     config: PoolConfig
     servers: dict[str, ServerRuntime] = field(default_factory=dict)
+    # The static members' locations by id, for the config they were read from (looking each one
+    # up in the members' tuple made every plan O(members squared)).
+    _locations: tuple[PoolConfig, dict[str, str | None]] | None = None
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    def server_location(self, server: ServerRuntime) -> str | None:
+        """The location of one of its servers: a static member's own, else the pool's."""
+        config = self.config
+        if server.record.origin != "static":
+            return config.location
+        cached = self._locations
+        if cached is None or cached[0] is not config:
+            cached = self._locations = (config, {m.id: m.location for m in config.members})
+        return cached[1].get(server.id)
 
     @property
     def policy(self) -> PoolPolicy:
@@ -88,9 +101,9 @@ class PoolRuntime:
 
 
 class Fleet:
-    """Every pool and server, with their durable state kept in a :class:`StateStore`."""
+    """Every pool and server, with their durable state kept in a :class:`~manager.state.Store`."""
 
-    def __init__(self, store: StateStore, agent_token: Secret | None = None) -> None:
+    def __init__(self, store: Store, agent_token: Secret | None = None) -> None:
         self.store = store
         self.agent_token_hash = token_hash(agent_token.reveal()) if agent_token else None
         self.pools: dict[str, PoolRuntime] = {}

@@ -30,7 +30,7 @@ from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan
 from manager.fleet import PoolRuntime
 from manager.lifecycle import server_cost
-from manager.state import StateStore
+from manager.state import Store
 
 RESOLUTION = 5.0
 """Seconds per sample: finer than a scale decision's window, coarse enough for an hour."""
@@ -173,10 +173,20 @@ class HistoryRing:
         return History(resolution=self.resolution, retention=self.retention, samples=tuple(chosen))
 
 
-def stored_cost(store: StateStore, wall: float) -> Callable[[str], float]:
-    """A pool's server-seconds at ``wall``, terminated servers included (as ``/v1/pools``)."""
+def stored_cost(store: Store, wall: float) -> Callable[[str], float]:
+    """A pool's server-seconds at ``wall``, terminated servers included (as ``/v1/pools``).
+
+    The servers are read once, on the first call, for every pool: reading them once per pool
+    cost a history sample 100 reads of the whole table at 10,000 servers in pools of 100
+    (seconds of the manager's loop; bench/manager_load.py)."""
+    totals: dict[str, float] | None = None
 
     def cost(pool: str) -> float:
-        return sum(server_cost(record, wall) for record in store.load_servers_of(pool))
+        nonlocal totals
+        if totals is None:
+            totals = {}
+            for record in store.load_servers():
+                totals[record.pool] = totals.get(record.pool, 0.0) + server_cost(record, wall)
+        return totals.get(pool, 0.0)
 
     return cost

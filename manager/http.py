@@ -49,13 +49,48 @@ _JSON = [(b"content-type", b"application/json")]
 _CLOSE = (b"connection", b"close")
 
 
-async def send_json(send: Send, status: int, body: object, *, close: bool = False) -> None:
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+async def send_json(
+    send: Send,
+    status: int,
+    body: object,
+    *,
+    close: bool = False,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
     payload = json.dumps(body).encode("utf-8")
-    headers = [*_JSON, (b"content-length", str(len(payload)).encode("ascii"))]
+    headers = [*_JSON, (b"content-length", str(len(payload)).encode("ascii")), *extra]
     if close:
         headers.append(_CLOSE)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+async def _to_leader(send: Send, scope: Scope, url: str | None) -> None:
+    """A standby's answer to a write: 307 to the same path at the leader (the method and body
+    are repeated there), or 503 while no leader is known. The body is never read."""
+    if url is None:
+        await send_json(
+            send,
+            503,
+            {"error": "no leader"},
+            close=has_body(scope),
+            extra=((b"retry-after", b"1"),),
+        )
+        return
+    target = url.rstrip("/") + scope["path"]
+    query = scope.get("query_string", b"")
+    if query:
+        target += "?" + query.decode("latin-1")
+    await send_json(
+        send,
+        307,
+        {"error": "not the leader", "leader": url},
+        close=has_body(scope),
+        extra=((b"location", target.encode("latin-1", "replace")),),
+    )
 
 
 class ManagerApp:
@@ -67,19 +102,35 @@ class ManagerApp:
         *,
         ready: Callable[[], bool],
         api: ASGIApp | None = None,
+        leader: Callable[[], tuple[bool, str | None]] | None = None,
+        role: Callable[[], tuple[str, int]] | None = None,
     ) -> None:
+        """``leader()``: (True while this manager is a standby, the leader's URL when known);
+        ``role()``: ("leader" or "standby", epoch), shown by ``/healthz`` (it reads no
+        database: a load balancer or a test can tell the leader even while the database is
+        away)."""
         self.ingest = ingest
         self.ready = ready
         self.api = api
+        self.leader = leader
+        self.role = role
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path, method = scope["path"], scope["method"]
+            if self.leader is not None and method in _WRITES and path.startswith("/v1/"):
+                standby, url = self.leader()
+                if standby:
+                    await _to_leader(send, scope, url)
+                    return
             if path == "/v1/reports":
                 await self._reports(scope, receive, send, method)
                 return
             if path == "/healthz" and method == "GET":
-                await send_json(send, 200, {"status": "alive"})
+                body: dict[str, object] = {"status": "alive"}
+                if self.role is not None:
+                    body["role"], body["epoch"] = self.role()
+                await send_json(send, 200, body)
                 return
             if path == "/readyz" and method == "GET":
                 ready = self.ready()

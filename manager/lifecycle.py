@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,9 @@ from manager.providers.base import (
 from manager.state import ServerRecord
 
 log = logging.getLogger("dnslb.manager.lifecycle")
+
+FIRST_LOOK_WAIT = 30.0
+"""Seconds the autoscaler waits at most for the first reconcile to list the provider's servers."""
 
 PROPAGATION = 1.5
 """Seconds a plan takes to reach every pipe backend (stat interval, compile), with a margin."""
@@ -109,11 +112,29 @@ class PoolLifecycle:
     launches: int = 0  # asked of the provider since the manager started (for the metrics)
     launch_failures: int = 0
     launch_paused_until: float = float("-inf")
+    launch_pauses: int = 0  # pauses since a launch last worked (each one twice as long)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     terminating: set[str] = field(default_factory=set)
     launching: set[str] = field(default_factory=set)
     retiring: dict[str, _Retirement] = field(default_factory=dict)
     next_reconcile: float = float("-inf")
+    # The first reconcile has listed the provider's servers (or failed to): until then the
+    # autoscaler waits, or a manager started in front of running servers it adopts would launch
+    # for a pool it thinks empty (found by the simulator).
+    reconciled: bool = False
+    # A draining server not heard from is taken for drained (its agent is silent) only once
+    # the manager has listened this long (its down_after) since it started: after a restart,
+    # no report yet means not heard yet (found by the simulator's fault suite).
+    silent_after: float = 3.0
+    started_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.started_at is None:
+            self.started_at = self.clock.monotonic()
+
+    # The id of the next server launched for a pool (random by default; the simulator numbers
+    # them, so that a run is the same for the same seed).
+    server_ids: Callable[[str], str] | None = None
 
     # -- every tick ---------------------------------------------------------------------------
 
@@ -126,7 +147,7 @@ class PoolLifecycle:
         if self.provider.can_launch and now >= self.next_reconcile:
             self.next_reconcile = now + self.config.reconcile_interval
             self._spawn(self.reconcile(), f"reconcile {self.pool.name}")
-        if self.scaling is None or not self.provider.can_launch:
+        if self.scaling is None or not self.provider.can_launch or not self._looked(now):
             return Decision()
         views = list(self._views())
         self.history.add(
@@ -174,7 +195,10 @@ class PoolLifecycle:
 
     def launch(self, reason: str, wall: float) -> ServerRuntime:
         """Record the intent to launch a server, then ask the provider in a task."""
-        server_id = f"{self.pool.name}-{secrets.token_hex(4)}"
+        if self.server_ids is not None:
+            server_id = self.server_ids(self.pool.name)
+        else:
+            server_id = f"{self.pool.name}-{secrets.token_hex(4)}"
         token = new_token()
         record_ = ServerRecord(
             id=server_id,
@@ -193,6 +217,7 @@ class PoolLifecycle:
             pool=self.pool.name,
             agent_token=token,
             manager_url=self.provider.context.manager_url,
+            manager_urls=self.provider.context.manager_urls,
         )
         self.launching.add(server_id)  # before the task starts: reconcile must not touch it
         self.launches += 1
@@ -242,24 +267,37 @@ class PoolLifecycle:
 
     def _launch_failed(self, server: ServerRuntime, why: str) -> None:
         wall = self.clock.time()
-        self.last_launch_failure = wall
-        self.failed_launches += 1
-        self.launch_failures += 1
         self.fleet.log(wall, "launch_failed", why, pool=self.pool.name, server=server.id)
         if server.record.provider_ref:
             self.retire(server, f"launch failed: {why}")
         else:
             self._terminated(server, f"launch failed: {why}")
-        if self.failed_launches >= self.config.max_failed_launches:
-            self.launch_paused_until = self.clock.monotonic() + self.config.launch_backoff
-            self.fleet.log(
-                wall,
-                "scaling_paused",
-                f"{self.failed_launches} launches failed in a row; no launches for "
-                f"{self.config.launch_backoff:g} s",
-                pool=self.pool.name,
-            )
-            self.failed_launches = 0
+        self._count_failure(wall)
+
+    def _count_failure(self, wall: float) -> None:
+        """One more launch failed: after ``max_failed_launches`` in a row, launching pauses,
+        ``launch_backoff_start`` seconds the first time, twice as long each time after until a
+        launch works, at most ``launch_backoff``. (A fixed 300 s pause after three refusals by
+        a cloud API in a surge stopped a pool from scaling out for five minutes: the
+        simulator's fault suite.)"""
+        self.last_launch_failure = wall
+        self.failed_launches += 1
+        self.launch_failures += 1
+        if self.failed_launches < self.config.max_failed_launches:
+            return
+        self.launch_pauses += 1
+        pause = min(
+            self.config.launch_backoff,
+            self.config.launch_backoff_start * 2.0 ** min(self.launch_pauses - 1, 60),
+        )
+        self.launch_paused_until = self.clock.monotonic() + pause
+        self.fleet.log(
+            wall,
+            "scaling_paused",
+            f"{self.failed_launches} launches failed in a row; no launches for {pause:g} s",
+            pool=self.pool.name,
+        )
+        self.failed_launches = 0
 
     def _check_warming(self, wall: float) -> None:
         for server in list(self.pool.servers.values()):
@@ -272,13 +310,11 @@ class PoolLifecycle:
                 # failures proves nothing: it used to reset the count every tick, so a pool with
                 # one running server never paused its failing launches.)
                 self.failed_launches = 0
+                self.launch_pauses = 0
             if server.state is not ServerState.WARMING or server.id in self.retiring:
                 continue
             waited = wall - server.record.created_at
             if waited > self.config.warming_timeout:
-                self.last_launch_failure = wall
-                self.failed_launches += 1
-                self.launch_failures += 1
                 self.fleet.log(
                     wall,
                     "launch_failed",
@@ -287,6 +323,7 @@ class PoolLifecycle:
                     server=server.id,
                 )
                 self.retire(server, "never became healthy; replaced")
+                self._count_failure(wall)  # a broken image: the pause saves its cost
 
     def _check_down(self, wall: float) -> None:
         """A launched server down for ``replace_after`` costs and serves nobody: replace it."""
@@ -336,6 +373,12 @@ class PoolLifecycle:
         id before they are recorded as done) or recorded as failed if not; instances the state
         does not know are adopted or terminated, as configured. Nothing is left running unknown.
         """
+        try:
+            await self._reconcile()
+        finally:  # done or failed, the autoscaler goes by what is known now
+            self.reconciled = True
+
+    async def _reconcile(self) -> None:
         listed_at = self.clock.time()
         try:
             owned = await self.provider.list_owned()
@@ -437,7 +480,11 @@ class PoolLifecycle:
                 continue
             if not self.provider.can_launch:
                 continue  # a static server stays drained until an operator brings it back
-            answered_until = float(server.record.data.get("answered_until", 0.0))
+            answered_until = max(  # when it was drained, or later if DNS still answered it
+                float(server.record.data.get("answered_until", 0.0)), server.answered_until or 0.0
+            )
+            if server.report is None and not self._listened():
+                continue  # not heard from yet since the manager started
             in_progress = server.report.in_progress if server.report is not None else None
             drained_for = wall - server.record.state_since
             if wall >= answered_until and not in_progress:
@@ -451,6 +498,17 @@ class PoolLifecycle:
             else:
                 continue
             self.retire(server, why)
+
+    def _looked(self, now: float) -> bool:
+        """True once the first reconcile is done (or has hung for :data:`FIRST_LOOK_WAIT`
+        seconds: a cloud API that never answers must not stop scale-out for good)."""
+        assert self.started_at is not None
+        return self.reconciled or now - self.started_at >= FIRST_LOOK_WAIT
+
+    def _listened(self) -> bool:
+        """True once the manager has run ``silent_after`` seconds: a silent agent is silent."""
+        assert self.started_at is not None
+        return self.clock.monotonic() - self.started_at >= self.silent_after
 
     async def _terminate(self, server: ServerRuntime, why: str) -> None:
         self.terminating.add(server.id)

@@ -115,6 +115,7 @@ def plan_member(
         ttl=values.ttl,
         state=member_state,
         utilization=values.utilization,
+        location=pool.server_location(server),
     )
 
 
@@ -126,17 +127,18 @@ def build_plan(
     generated_at: float | None,
     stale_after: float | None,
     now: float,
+    wall: float,
     down_after: float,
     left_out: dict[str, str] | None = None,
 ) -> Plan:
-    """The plan for this moment. ``now`` is monotonic; ``generated_at`` is wall time.
+    """The plan for this moment. ``now`` is monotonic, ``wall`` the same moment in wall time
+    (slow starts are measured in it), ``generated_at`` the plan's stamp.
 
     Build it with ``version=0`` and ``generated_at=None`` to compare contents between ticks.
     A server whose member a pipe backend would refuse (by :func:`~dnslb.plan.member_problems`:
     an id with a tab, a scoped address...) is left out, and why goes into ``left_out``: one bad
     server never costs the other members their plan.
     """
-    wall = generated_at if generated_at is not None else 0.0
     plan_pools = []
     for pool in pools:
         members = []
@@ -193,6 +195,8 @@ def plan_pool(config: PoolConfig, members: list[Member]) -> Pool:
         k=policy.k,
         ttl_floor=policy.ttl_min,
         fallback=policy.fallback,
+        networks=config.plan_networks(),
+        geoip=config.geoip.plan_geoip() if config.geoip is not None else None,
     )
 
 

@@ -24,6 +24,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from dnslb.asgi import ASGIApp
 from dnslb.clock import Clock, SystemClock
@@ -45,14 +46,21 @@ from manager.health import HealthChecker
 from manager.history import HistoryRing, stored_cost
 from manager.http import HttpLimits, HttpServer, ManagerApp, listen
 from manager.ingest import ReportIngest
+from manager.leadership import Leadership
 from manager.lifecycle import PROPAGATION, PoolLifecycle
 from manager.planner import build_plan, health_of, plan_zones
 from manager.providers import ProviderContext, create_provider
-from manager.state import ServerRecord, StateStore
+from manager.state import ServerRecord, StateStore, Store
 
 log = logging.getLogger("dnslb.manager")
 
+MAX_PLAN_VERSION = 2**62
+"""Largest published version a manager numbers its plans from (plans carry up to 2^63-1)."""
+
 _URGENT_SPACING = 0.1  # seconds: overload reports trigger ticks at most this often
+
+_Mirrored = tuple[list[dict[str, Any]], list[ServerRecord], int]
+"""What a standby reads back: pools made through the API, servers, the plan version."""
 
 
 class Manager:
@@ -64,17 +72,19 @@ class Manager:
         *,
         clock: Clock | None = None,
         publisher: PlanStore | None = None,
+        server_ids: Callable[[str], str] | None = None,
     ) -> None:
+        """``server_ids`` names launched servers (pool name -> a new id; random by default)."""
         self.loaded = loaded
+        self._server_ids = server_ids
         self.config = loaded.config
         self.clock = clock or SystemClock()
         self.zones = plan_zones(self.config.zones)
-        state = self.config.state
-        self.store = StateStore(
-            loaded.path(state.path),
-            events_max_age=state.events_max_age,
-            events_max_rows=state.events_max_rows,
-        )
+        self.leadership: Leadership | None = None  # None: alone on a SQLite file
+        self.store: Store = self._open_store()
+        # True once this manager has taken the lead over (its fleet rebuilt from the database);
+        # acting (below) also needs the lease still valid.
+        self._acting = self._first_round()
         self.publisher = publisher or _plan_store(loaded)
         self.fleet = Fleet(self.store, self.config.auth.agent_token)
         self.health = HealthChecker(self.fleet)
@@ -85,7 +95,11 @@ class Manager:
             self._install_pool(pool, source="config")
         for document in self.store.load_pools():
             self._install_stored_pool(document)
-        self._restore()
+        if self._acting:
+            with self.store.batch():  # one transaction (PostgreSQL: one fence, not one a row)
+                self._restore()
+        else:
+            self._mirror()
         self.clusters: dict[str, ClusterController] = {}
         cluster_nodes: dict[str, tuple[ClusterController, str]] = {}
         for cluster in self.config.clusters:
@@ -115,7 +129,9 @@ class Manager:
             seq_reset_after=self.config.down_after,
         )
         self.started_at = self.clock.monotonic()
-        self.version = int(self.store.get_meta("plan_version") or 0)
+        # A manager whose state was lost restarts at the published plan's version, not at 1:
+        # pipe backends refuse a version lower than the one they serve (within one epoch).
+        self.version = max(int(self.store.get_meta("plan_version") or 0), self._published_version())
         self.plan: Plan | None = None  # the last plan published
         self.tick_errors = 0
         self.tick_seconds = 0.0
@@ -127,6 +143,7 @@ class Manager:
         self.plan_problem: str | None = None  # why the newest plan was not published
         self.members_left_out: dict[str, str] = {}  # server id -> why the plan left it out
         self._answer_counts: tuple[float, dict[str, tuple[int, int]]] | None = None
+        self._served: dict[str, float] = {}  # server id -> TTL + propagation in the plan served
         self._content: Plan | None = None
         self._published_at: float | None = None
         self._urgent = asyncio.Event()
@@ -144,6 +161,7 @@ class Manager:
                 pool=pool.name,
                 state_dir=self._providers_dir / pool.name,
                 manager_url=self.config.http.url,
+                manager_urls=self.config.http.peer_urls,
                 clock=self.clock,
                 manager_ca_file=self.config.http.agent_ca_file,
                 manager_allow_plaintext=self.config.http.allow_plaintext,
@@ -155,6 +173,8 @@ class Manager:
                 scaling=pool.scaling,
                 config=pool.lifecycle,
                 clock=self.clock,
+                server_ids=self._server_ids,
+                silent_after=self.config.down_after,
             )
 
     def _install_stored_pool(self, document: dict[str, object]) -> None:
@@ -384,10 +404,187 @@ class Manager:
             else:
                 self.fleet.adopt(record)
 
+    def _published_version(self) -> int:
+        """The version of the plan in the plan store now, 0 when there is none readable (a
+        version too close to the largest a plan may carry is not taken: it cannot grow)."""
+        try:
+            if self.publisher.stamp() is None:
+                return 0
+            version = self.publisher.read().version
+        except (PlanError, OSError) as exc:
+            log.warning("cannot read the published plan at %s: %s", self.publisher.describe(), exc)
+            return 0
+        if version > MAX_PLAN_VERSION:
+            log.warning(
+                "the published plan's version %d is beyond %d: numbering plans from the stored one",
+                version,
+                MAX_PLAN_VERSION,
+            )
+            return 0
+        return version
+
+    # -- leadership (state in PostgreSQL) -------------------------------------------------------
+
+    def _open_store(self) -> Store:
+        """SQLite at ``state.path``; or, with ``state.url``, PostgreSQL and the leadership lease
+        (every write of this manager fenced by its epoch: docs/high-availability.md)."""
+        state = self.config.state
+        if state.url is None:
+            return StateStore(
+                self.loaded.path(state.path),
+                events_max_age=state.events_max_age,
+                events_max_rows=state.events_max_rows,
+            )
+        try:
+            from manager import postgres  # noqa: PLC0415 (psycopg: only with the postgres extra)
+        except ModuleNotFoundError as exc:
+            if exc.name != "psycopg":
+                raise
+            raise ConfigError(
+                self.loaded.source,
+                ["state.url: PostgreSQL needs the postgres extra: pip install 'dnslb[postgres]'"],
+            ) from None
+
+        url = state.url
+        password = state.password.reveal() if state.password is not None else None
+        ca_file = str(self.loaded.path(state.ssl_ca_file)) if state.ssl_ca_file else None
+
+        def connect() -> Any:
+            return postgres.connect(
+                url, password=password, sslmode=state.sslmode, sslrootcert=ca_file
+            )
+
+        self.leadership = Leadership(connect, url=self.config.http.url, settings=state.leadership)
+        try:
+            return postgres.PostgresStateStore(
+                connect,
+                fence=self.leadership.fence,
+                events_max_age=state.events_max_age,
+                events_max_rows=state.events_max_rows,
+            )
+        except postgres.DatabaseError as exc:  # one clear line (systemd starts it again)
+            detail = " ".join(str(exc).split())[:300]
+            raise ConfigError(self.loaded.source, [f"state.url: PostgreSQL: {detail}"]) from None
+
+    def _first_round(self) -> bool:
+        """Whether this manager leads as it starts (alone on SQLite: it does)."""
+        return self.leadership is None or self.leadership.step()
+
+    @property
+    def acting(self) -> bool:
+        """True while this manager may publish, launch, drain and push: it is alone (SQLite), or
+        it has taken the lead over and its lease is still valid on its own clock."""
+        return self._acting and (self.leadership is None or self.leadership.leading())
+
+    @property
+    def epoch(self) -> int:
+        """The leadership epoch this manager acts in (0: none)."""
+        if self.leadership is None or not self.acting:
+            return 0
+        return self.leadership.epoch or 0
+
+    def leader_url(self) -> tuple[bool, str | None]:
+        """(True while a standby, the leader's advertised URL when known): where the HTTP layer
+        redirects reports and API writes."""
+        if self.leadership is None or self.acting:
+            return False, None
+        leader = self.leadership.leader
+        if leader is None or leader.holder == self.leadership.holder:
+            return True, None
+        return True, leader.url
+
+    def _mirror(self, found: _Mirrored | None = None) -> None:
+        """A standby's warm state: pools made through the API and every server, as the
+        database has them now (``found``: read already, in a thread). Reads only: a standby
+        writes nothing."""
+        documents, records, version = found if found is not None else self._read_mirror()
+        for document in documents:
+            name = document.get("name")
+            if isinstance(name, str) and name not in self.fleet.pools:
+                self._install_stored_pool(document)
+        self.fleet.servers.clear()
+        for pool in self.fleet.pools.values():
+            pool.servers.clear()
+        for record in records:
+            if record.state is not ServerState.TERMINATED:
+                self.fleet.adopt(record)
+        self.version = version
+
+    def _read_mirror(self) -> _Mirrored:
+        version = self.store.get_meta("plan_version") or "0"
+        return self.store.load_pools(), self.store.load_servers(), int(version)
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        """Renew or acquire the lease every ``renew`` seconds (in a thread: a slow database
+        must not stall the loop); take the lead over or step down when the role changes; keep
+        a standby's state warm."""
+        assert self.leadership is not None
+        leadership = self.leadership
+        while not stop.is_set():
+            leading = await asyncio.to_thread(leadership.step)
+            try:
+                if leading and not self._acting:
+                    await self._take_over()
+                elif not leading and self._acting:
+                    await self._step_down()
+                elif not self._acting:  # read in a thread: a slow database must not stall HTTP
+                    self._mirror(await asyncio.to_thread(self._read_mirror))
+            except Exception:  # the database went away in the middle: next round
+                log.exception("leadership round failed; carrying on")
+            await _wait_any(stop, timeout=leadership.settings.renew)
+
+    async def _take_over(self) -> None:
+        """Lead: rebuild the fleet from the database as a restarted manager does (so the
+        start-up wait for reports applies again), and reconcile providers at once (a launch
+        cut short by the old leader is resumed by its server id, never launched twice)."""
+        assert self.leadership is not None
+        log.warning("taking the lead over (epoch %s)", self.leadership.epoch)
+        await self._drop_fleet()
+        with self.store.batch():
+            for pool in self.config.pools:
+                self._install_pool(pool, source="config")
+            for document in self.store.load_pools():
+                self._install_stored_pool(document)
+            self._restore()
+            stored = int(self.store.get_meta("plan_version") or 0)
+        # numbered on from the plan out there too (a deposed leader may have published one
+        # whose version its fenced write could not store)
+        self.version = max(stored, self._published_version())
+        self.started_at = self.clock.monotonic()
+        self.plan = None
+        self._content = None
+        self._published_at = None
+        self._acting = True
+        self.health.start()
+
+    async def _step_down(self) -> None:
+        """Stop acting at once: no more ticks, launches or pushes; the fleet becomes a mirror
+        of the database. Servers keep running (the new leader owns them now)."""
+        log.warning("stepping down: another manager leads, or the database is unreachable")
+        self._acting = False
+        await self._drop_fleet()
+        for pool in self.config.pools:
+            self._install_pool(pool, source="config")
+        with contextlib.suppress(Exception):  # the database may be the reason: mirrored later
+            self._mirror(await asyncio.to_thread(self._read_mirror))
+
+    async def _drop_fleet(self) -> None:
+        """Forget the in-memory fleet and stop its background work, leaving servers running."""
+        await self.health.stop()
+        for lifecycle in self.lifecycles.values():
+            await _quiesce(lifecycle)
+        self.lifecycles.clear()
+        self.pool_sources.clear()
+        self.fleet.pools.clear()
+        self.fleet.servers.clear()
+
     # -- the tick -----------------------------------------------------------------------------
 
     def tick(self) -> Plan | None:
-        """Assess every server, then publish the plan if it changed or is due; returns it then."""
+        """Assess every server, then publish the plan if it changed or is due; returns it then.
+        A standby does nothing (see :attr:`acting`)."""
+        if not self.acting:
+            return None
         now = self.clock.monotonic()
         wall = self.clock.time()
         with self.store.batch():
@@ -452,7 +649,7 @@ class Manager:
         """Cluster controllers decide every ``tick`` of theirs (tens of ms: failover speed)."""
         interval = min(cluster.tick for cluster in self.config.clusters)
         while not stop.is_set():
-            for controller in self.clusters.values():
+            for controller in self.clusters.values() if self.acting else ():
                 try:
                     await controller.tick()
                 except Exception:  # one bad tick must not stop failover for good; logged
@@ -508,14 +705,20 @@ class Manager:
         return self.plan is not None
 
     def _startup_done(self, now: float) -> bool:
-        if now - self.started_at >= self.config.down_after:
+        """Every server that can report has reported since the start, or ``down_after`` has
+        passed; once a plan is out, for good (a launch made since must not stop publishing)."""
+        if self.plan is not None or now - self.started_at >= self.config.down_after:
             return True
-        live = [s for s in self.fleet.servers.values() if s.state is not ServerState.TERMINATED]
-        return all(server.report_at is not None for server in live)
+        return all(
+            server.report_at is not None
+            for server in self.fleet.servers.values()
+            if server.state not in (ServerState.TERMINATED, ServerState.LAUNCHING)
+        )
 
     def _publish(self, now: float, wall: float) -> Plan | None:
         if not self._startup_done(now):
             return None
+        self._note_draining(wall)
         left_out: dict[str, str] = {}
         content = build_plan(
             self.zones,
@@ -524,6 +727,7 @@ class Manager:
             generated_at=None,
             stale_after=None,
             now=now,
+            wall=wall,
             down_after=self.config.down_after,
             left_out=left_out,
         )
@@ -537,6 +741,7 @@ class Manager:
         plan = dataclasses.replace(
             content,
             version=version,
+            epoch=self.epoch,  # pipe backends refuse plans of an older epoch
             generated_at=wall,
             stale_after=self.config.plan.stale_after,
             zones=tuple(
@@ -559,11 +764,23 @@ class Manager:
             self.publisher.publish(plan)
         except OSError as exc:
             self.publish_errors += 1
+            if self.store_up is not False:  # once per outage, not every tick of it
+                log.error(
+                    "cannot publish plan v%d to %s: %s (logged once until it works again; "
+                    "DNS answers from the last plan it loaded)",
+                    plan.version,
+                    self.publisher.describe(),
+                    exc,
+                )
             self.store_up = False
-            log.error(
-                "cannot publish plan v%d to %s: %s", plan.version, self.publisher.describe(), exc
-            )
             return None
+        if self.store_up is False:
+            log.warning(
+                "plan v%d published to %s again (%d failed publications since the start)",
+                plan.version,
+                self.publisher.describe(),
+                self.publish_errors,
+            )
         self.store_up = True
         if self.plan_problem is not None:
             self.fleet.log(wall, "plan_refused", f"plan v{version} published again")
@@ -619,6 +836,7 @@ class Manager:
 
     def _note_answers(self, plan: Plan, wall: float) -> None:
         """Remember until when each server may be in resolvers' caches (drains wait for it)."""
+        served: dict[str, float] = {}
         for pool in plan.pools:
             for member in pool.members:
                 if member.state in (MemberState.DRAINING, MemberState.DISABLED):
@@ -626,9 +844,28 @@ class Manager:
                 server = self.fleet.servers.get(member.id)
                 if server is None:
                     continue
-                until = wall + max(member.ttl, pool.ttl_floor) + PROPAGATION
+                ttl = max(member.ttl, pool.ttl_floor) + PROPAGATION
+                served[member.id] = ttl
+                until = wall + ttl
                 if server.answered_until is None or until > server.answered_until:
                     server.answered_until = until
+        self._served = served
+
+    def _note_draining(self, wall: float) -> None:
+        """The plan in service is handed out until a newer one replaces it: unchanged for a
+        while, refused, or with the plan store down (the pipe backends keep it). A draining
+        server it still answers may be in caches until then plus its TTL. (Found by the
+        simulator's fault suite: drains ended on the last publication's TTLs while the store was
+        down and DNS still answered the drained server.)"""
+        if not self._served:
+            return
+        for server in self.fleet.servers.values():
+            if server.state is ServerState.DRAINING:
+                ttl = self._served.get(server.id)
+                if ttl is not None:
+                    until = wall + ttl
+                    if server.answered_until is None or until > server.answered_until:
+                        server.answered_until = until
 
     def answer_counts(self) -> dict[str, tuple[int, int]]:
         """Per server id: (answers it came first in, answers it was in), summed over every pipe
@@ -660,10 +897,17 @@ class Manager:
         return totals
 
     async def close(self) -> None:
-        """Stop background work and close the state database (what shutdown does)."""
+        """Stop background work and close the state database (what shutdown does). A standby
+        leaves the servers to the leader; a leader gives its lease up."""
         for lifecycle in self.lifecycles.values():
-            await lifecycle.close()
+            if self.acting:
+                await lifecycle.close()
+            else:
+                await _quiesce(lifecycle)
         self.publisher.close()
+        if self.leadership is not None:
+            await asyncio.to_thread(self.leadership.release)
+            self.leadership.close()
         self.store.close()
 
     async def settle(self) -> None:
@@ -677,7 +921,16 @@ class Manager:
     # -- running ------------------------------------------------------------------------------
 
     def http_app(self) -> ManagerApp:
-        return ManagerApp(self.ingest, ready=self.ready, api=self.api)
+        return ManagerApp(
+            self.ingest,
+            ready=self.ready,
+            api=self.api,
+            leader=self.leader_url if self.leadership is not None else None,
+            role=self._role if self.leadership is not None else None,
+        )
+
+    def _role(self) -> tuple[str, int]:
+        return ("leader" if self.acting else "standby", self.epoch)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and tick until ``stop`` is set; then shut down cleanly."""
@@ -693,7 +946,13 @@ class Manager:
             raise ConfigError("manager", [f"http.tls: {exc}"]) from None
         server = HttpServer.for_app(self.http_app(), limits, tls=tls)
         serving = asyncio.create_task(server.serve(sockets=[sock]), name="http")
-        self.health.start()
+        if self.acting:
+            self.health.start()
+        leading = (
+            asyncio.create_task(self._lead(stop), name="leadership")
+            if self.leadership is not None
+            else None
+        )
         clusters = (
             asyncio.create_task(self._run_clusters(stop), name="clusters")
             if self.clusters
@@ -720,6 +979,8 @@ class Manager:
                     await asyncio.sleep(spacing)
         finally:
             server.should_exit = True
+            if leading is not None:
+                await leading
             await self.health.stop()
             if clusters is not None:
                 await clusters
@@ -739,6 +1000,15 @@ class Manager:
             self.tick_errors += 1
             log.exception("tick failed (%d so far); carrying on", self.tick_errors)
         self.tick_seconds = time.perf_counter() - started
+
+
+async def _quiesce(lifecycle: PoolLifecycle) -> None:
+    """Stop a pool's background work without stopping its servers (another manager leads)."""
+    for task in list(lifecycle.tasks):
+        task.cancel()
+    await asyncio.gather(*list(lifecycle.tasks), return_exceptions=True)
+    if not lifecycle.provider.stops_servers_on_close:
+        await lifecycle.provider.close()
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float) -> None:

@@ -26,6 +26,7 @@ the rest as their reason. A database of a newer schema than this dnslb knows is 
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import json
@@ -45,6 +46,12 @@ from dnslb.model import Event, ServerState
 log = logging.getLogger("dnslb.manager.state")
 
 SCHEMA_VERSION = 2
+
+_SERVERS = (
+    "SELECT id, pool, address, check_address, origin, state, state_reason, state_since, "
+    "admin_paused, created_at, serving_since, terminated_at, max_concurrency, "
+    "token_hash, provider_ref, data FROM servers "
+)
 
 EVENTS_MAX_AGE = 30 * 86400.0
 """Default: seconds an event is kept."""
@@ -131,7 +138,74 @@ class ServerRecord:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-class StateStore:
+class Store(abc.ABC):
+    """What the manager keeps durably, whatever holds it: :class:`StateStore` (SQLite, one host)
+    or :class:`manager.postgres.PostgresStateStore` (PostgreSQL, managers in active/standby).
+
+    Writes outside :meth:`batch` commit one by one; inside, together. A store shared by several
+    managers refuses the writes of one that no longer leads
+    (:class:`manager.leadership.Fenced`)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """Group the writes inside into one transaction."""
+
+    @abc.abstractmethod
+    def get_meta(self, key: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    @abc.abstractmethod
+    def save_server(self, record: ServerRecord) -> None: ...
+
+    @abc.abstractmethod
+    def load_servers(self) -> list[ServerRecord]: ...
+
+    def load_servers_of(self, pool: str) -> list[ServerRecord]:
+        """Every server a pool ever had, terminated ones included (for costs)."""
+        return [record for record in self.load_servers() if record.pool == pool]
+
+    @abc.abstractmethod
+    def delete_server(self, server_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def save_pool(self, name: str, spec: dict[str, Any], now: float) -> None: ...
+
+    @abc.abstractmethod
+    def load_pools(self) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def delete_pool(self, name: str) -> None: ...
+
+    @abc.abstractmethod
+    def add_event(self, event: Event) -> Event:
+        """Store ``event``; the event with its id (inside a :meth:`batch`, a store that queues
+        the batch's writes returns it with ``id`` None)."""
+
+    @abc.abstractmethod
+    def prune_events(self, now: float | None = None, *, limit: int = PRUNE_CHUNK) -> int: ...
+
+    @abc.abstractmethod
+    def count_events(self, *, pool: str | None = None, kinds: Iterable[str] = ()) -> int: ...
+
+    @abc.abstractmethod
+    def events(
+        self,
+        *,
+        pool: str | None = None,
+        server: str | None = None,
+        kinds: Iterable[str] | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[Event]:
+        """Events newest first, filtered; page with ``before_id`` (the last id of a page)."""
+
+
+class StateStore(Store):
     """The manager's SQLite database (see the module docstring for its files and event log).
 
     ``events_max_age`` (seconds, 1 to 10**10) and ``events_max_rows`` (1 to 10**12) bound the
@@ -295,11 +369,17 @@ class StateStore:
         )
 
     def load_servers(self) -> list[ServerRecord]:
-        rows = self._db.execute(
-            "SELECT id, pool, address, check_address, origin, state, state_reason, state_since, "
-            "admin_paused, created_at, serving_since, terminated_at, max_concurrency, "
-            "token_hash, provider_ref, data FROM servers ORDER BY created_at, id"
-        ).fetchall()
+        return self._servers(self._db.execute(_SERVERS + "ORDER BY created_at, id"))
+
+    def load_servers_of(self, pool: str) -> list[ServerRecord]:
+        # Only the pool's rows are read and parsed (the cost of a pool's view or history).
+        return self._servers(
+            self._db.execute(_SERVERS + "WHERE pool = ? ORDER BY created_at, id", (pool,))
+        )
+
+    @staticmethod
+    def _servers(cursor: sqlite3.Cursor) -> list[ServerRecord]:
+        rows = cursor.fetchall()
         return [
             ServerRecord(
                 id=row[0],
@@ -321,10 +401,6 @@ class StateStore:
             )
             for row in rows
         ]
-
-    def load_servers_of(self, pool: str) -> list[ServerRecord]:
-        """Every server a pool ever had, terminated ones included (for costs)."""
-        return [record for record in self.load_servers() if record.pool == pool]
 
     def delete_server(self, server_id: str) -> None:
         self._db.execute("DELETE FROM servers WHERE id = ?", (server_id,))

@@ -5,22 +5,80 @@ name and query type either fixed fragments (SOA, NS, static records) or an endle
 fragments (load-balanced names: the pool's answer cycle from :func:`dnslb.selection.pool_answers`,
 walked by :func:`dnslb.selection.rotation`). Answering a query is then a dict lookup, ``next()``
 and one ``bytes.join``.
+
+A pool with client ``networks`` (:mod:`dnslb.topology`) gets, per query type, a :class:`Located`
+reply: one answer cycle per client location (the pool with its weights scaled by the location's
+shares) and the location-blind cycle for clients of no location; the query's client subnet picks
+the cycle and sets the answer's ECS scope.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from dnslb.geoip import GeoIpDatabase, GeoIpError
 from dnslb.plan import MemberState, Plan, Pool
 from dnslb.selection import Answer, answer_counts, pool_answers, rotation
+from dnslb.topology import NetworkTable, located_pool, location_shares
 from pipe_backend import explain as explanation
-from pipe_backend.protocol import END, Fragments, Rdata, concat, data_line, fragments
+from pipe_backend.protocol import (
+    DYNAMIC_SCOPE,
+    END,
+    Fragments,
+    Rdata,
+    concat,
+    data_line,
+    fragments,
+)
 
-Reply = Fragments | Iterator[Fragments]
-"""Fixed fragments, or an iterator giving the next answer's fragments at each query."""
+DYNAMIC_DATA = b"DATA\t%d\t1\t" % DYNAMIC_SCOPE
+"""How a load-balanced record's DATA line starts (ABI 3+): its scope bits are set per query."""
+
+
+MAX_SEEN_SUBNETS = 65_536
+"""Client subnets a located reply remembers the lookup of (per pool and query type)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A located pool's replies to one query type: the client's location picks the cycle."""
+
+    table: NetworkTable
+    cycles: tuple[Iterator[Fragments], ...]  # per location of the table
+    default: Iterator[Fragments]  # clients of no location: the location-blind cycle
+    # Lookups by the request's subnet field: a resolver sends the same few subnets again and
+    # again. Emptied when full, so random subnets cost memory no more than this.
+    seen: dict[bytes, tuple[Iterator[Fragments], bytes | None]] = field(default_factory=dict)
+
+    def reply(self, qname: bytes, subnet: bytes, ecs: bool) -> bytes:
+        """The next answer for a client in ``subnet`` (the request's ``edns-subnet`` field);
+        with ``ecs`` (the query carried a client subnet) its scope is the prefix that decided
+        the location, at least :data:`~pipe_backend.protocol.DYNAMIC_SCOPE`. Without, the
+        scope bits only keep pdns from caching the answer."""
+        found = self.seen.get(subnet)
+        if found is None:
+            location, scope = self.table.lookup_subnet(subnet)
+            cycle = self.default if location < 0 else self.cycles[location]
+            prefix = b"DATA\t%d\t1\t" % scope if scope > DYNAMIC_SCOPE else None
+            if len(self.seen) >= MAX_SEEN_SUBNETS:
+                self.seen.clear()
+            found = self.seen[subnet] = (cycle, prefix)
+        cycle, prefix = found
+        reply = qname.join(next(cycle))
+        if ecs and prefix is not None:
+            return reply.replace(DYNAMIC_DATA, prefix)
+        return reply
+
+
+log = logging.getLogger("dnslb.pipe_backend")
+
+Reply = Fragments | Iterator[Fragments] | Located
+"""Fixed fragments, an iterator giving the next answer's fragments at each query, or a
+:class:`Located` choosing among iterators by the client's location."""
 
 
 @dataclass(slots=True)
@@ -152,7 +210,52 @@ def _compile_pool(
     rng: random.Random,
     explain: bool = False,
 ) -> CompiledPool:
-    """Replies of a load-balanced name: A, AAAA and ANY cycles, after any static records."""
+    """Replies of a load-balanced name: A, AAAA and ANY cycles, after any static records;
+    per client location with ``networks`` and ABI 3+ (before it pdns caches every answer, so
+    no answer may depend on the client)."""
+    compiled = _compile_cycles(abi, pool, zone_id, static, stale=stale, rng=rng, explain=explain)
+    if (not pool.networks and pool.geoip is None) or abi < 3:
+        return compiled
+    table = NetworkTable(pool.networks, _open_geoip(pool))
+    shares = location_shares(pool)
+    located = []
+    for location in table.locations:
+        local = located_pool(pool, shares.get(location, {location: 1.0}))
+        located.append(_compile_cycles(abi, local, zone_id, static, stale=stale, rng=rng))
+        compiled.counters += located[-1].counters
+    for rtype in (b"A", b"AAAA", b"ANY"):
+        cycles = tuple(_iterator(sub.replies[rtype]) for sub in located)
+        compiled.replies[rtype] = Located(table, cycles, _iterator(compiled.replies[rtype]))
+    return compiled
+
+
+def _open_geoip(pool: Pool) -> GeoIpDatabase | None:
+    """The pool's database, or None (logged) when it cannot be read: its clients are then
+    located by the networks alone, and the plan is served all the same."""
+    if pool.geoip is None:
+        return None
+    try:
+        return GeoIpDatabase(pool.geoip.database, pool.geoip.locations)
+    except GeoIpError as exc:
+        log.error("pool %s: %s; locating its clients by its networks alone", pool.name, exc)
+        return None
+
+
+def _iterator(reply: Reply) -> Iterator[Fragments]:
+    assert not isinstance(reply, tuple | Located), "a pool's A, AAAA, ANY replies are cycles"
+    return reply
+
+
+def _compile_cycles(
+    abi: int,
+    pool: Pool,
+    zone_id: int,
+    static: dict[bytes, Reply],
+    *,
+    stale: bool,
+    rng: random.Random,
+    explain: bool = False,
+) -> CompiledPool:
     answers = pool_answers(pool, stale=stale)
     compiled = CompiledPool(name=pool.name, replies=dict(static))
     if explain:

@@ -15,6 +15,11 @@ copied to ``last_good`` only after it compiled, and a coprocess whose store is u
 that copy when it is newer than its own: every coprocess, busy or idle, ends up on the newest good
 plan.
 
+Plans are ordered by (``epoch``, ``version``) (:func:`plan_order`) and never go back: a plan older
+than the one in service is refused (logged once, counted in ``status`` and the stats), and a
+coprocess's first plan must not be older than the last good copy, which the coprocesses before it
+served. A manager elected later has a higher epoch, so a deposed one still writing is ignored.
+
 A big plan must not stall answers either (``bench/fleet_plan.py``, ``docs/pdns.md``): the store
 validates only pools whose text changed (:class:`~dnslb.plan.PoolCache`) and the compiler reuses
 unchanged pools' replies and transfer lines; the collector is paused while a plan loads and the
@@ -44,8 +49,8 @@ from dataclasses import dataclass
 from dnslb import __version__
 from dnslb.errors import PlanError
 from dnslb.plan import Plan
-from dnslb.plan_store import FilePlanStore, PlanStore
-from pipe_backend.answers import AnswerTable, CompiledPool, Reply, compile_plan
+from dnslb.plan_store import FilePlanStore, PlanStore, read_regular_file
+from pipe_backend.answers import AnswerTable, CompiledPool, Located, Reply, compile_plan
 from pipe_backend.protocol import ABI_VERSIONS, AXFR_FIELDS, END, MAX_LINE, Q_FIELDS, log_fail
 
 log = logging.getLogger("dnslb.pipe_backend")
@@ -55,6 +60,16 @@ _BUSY = 0.001  # seconds a loader compiles before it rests _REST (only under ser
 _REST = 0.004
 _SWITCH_INTERVAL = 0.0005  # seconds a thread waits for the GIL before asking (Python: 5 ms)
 _PROCESS = f"{socket.gethostname()}-{os.getpid()}"
+
+
+def plan_order(plan: Plan) -> tuple[int, int]:
+    """What makes one plan newer than another: the leadership epoch first, then the version."""
+    return (plan.epoch, plan.version)
+
+
+def _label(plan: Plan) -> str:
+    """``v7``, or ``epoch 3 v7`` for a plan published by a manager with leadership."""
+    return f"epoch {plan.epoch} v{plan.version}" if plan.epoch else f"v{plan.version}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +126,9 @@ class PipeBackend:
         self._loaded_table: AnswerTable | None = None
         self._stamp: Hashable | None = None
         self._next_poll = float("-inf")
-        self._kept_version: int | None = None  # version last written to last_good
+        self._kept: tuple[int, int] | None = None  # plan_order last written to last_good
+        self.refused = 0  # plans refused as older than one served before
+        self._refused: tuple[int, int] | None = None  # the last refused, logged once
         self._keep_failed = False
         self._problem: str | None = None  # the store's last problem, logged once
         self._failed_version: int | None = None  # a plan that did not compile, logged once
@@ -181,10 +198,30 @@ class PipeBackend:
                     problem = f"not loaded ({exc})"
             if plan is None:
                 self._store_problem(problem)
+                return
+            served = self._loaded if self._loaded is not None else self._last_good_if_other()
+            if served is not None and plan_order(plan) < plan_order(served):
+                self._refuse(plan, served)
             elif self._install(plan, self.store):
                 self._problem = None
+                self._refused = None
             else:
                 self._store_problem(f"v{plan.version} cannot be compiled")
+
+    def _refuse(self, plan: Plan, served: Plan) -> None:
+        """Keep ``served`` (newer than the store's ``plan``); before any plan, serve it."""
+        self.refused += 1
+        if plan_order(plan) != self._refused:
+            self._refused = plan_order(plan)
+            log.error(
+                "plan %s %s is older than plan %s served before: refused (a manager that "
+                "lost its state, or one deposed, publishes it)",
+                self.store.describe(),
+                _label(plan),
+                _label(served),
+            )
+        if self._loaded is None:  # ``served`` is the last good copy
+            self._install(served, self.last_good or self.store)
 
     @contextlib.contextmanager
     def _collector_paused(self) -> Iterator[None]:
@@ -210,7 +247,9 @@ class PipeBackend:
         """The store's plan cannot be had: serve the last good copy if it is newer than ours."""
         kept = self._read_last_good()
         current = self._loaded.version if self._loaded is not None else None
-        if kept is not None and (current is None or kept.version > current):
+        if kept is not None and (
+            self._loaded is None or plan_order(kept) > plan_order(self._loaded)
+        ):
             log.error(
                 "plan %s %s; serving the last good plan v%d from %s",
                 self.store.describe(),
@@ -226,6 +265,16 @@ class PipeBackend:
             keeping = f"serving plan v{current}" if current is not None else "no plan to serve yet"
             log.error("plan %s %s; %s", self.store.describe(), problem, keeping)
 
+    def _last_good_if_other(self) -> Plan | None:
+        """The last good copy, unless its text is the plan's just read: a coprocess usually
+        starts on the plan its copy holds, and parsing a big plan twice delays its first answer."""
+        if isinstance(self.last_good, FilePlanStore) and self.store.last_text is not None:
+            with contextlib.suppress(OSError):
+                kept = read_regular_file(self.last_good.path, self.last_good.max_plan_bytes)
+                if kept == self.store.last_text:
+                    return None
+        return self._read_last_good()
+
     def _read_last_good(self) -> Plan | None:
         if self.last_good is None:
             return None
@@ -238,7 +287,7 @@ class PipeBackend:
 
     def _keep(self, plan: Plan) -> None:
         """Write ``plan`` where a coprocess started later finds it if the plan is unreadable."""
-        if self.last_good is None or plan.version == self._kept_version:
+        if self.last_good is None or plan_order(plan) == self._kept:
             return
         text = self.store.last_text
         try:
@@ -246,7 +295,7 @@ class PipeBackend:
                 self.last_good.publish_text(text, durable=False)  # the plan just read from it
             else:
                 self.last_good.publish(plan, durable=False)
-            self._kept_version = plan.version
+            self._kept = plan_order(plan)
         except OSError as exc:
             if not self._keep_failed:
                 log.warning(
@@ -260,19 +309,11 @@ class PipeBackend:
         with self._lock:
             if not self._compile(plan, stale):
                 return False
-            previous = self._loaded
             self._loaded = plan
             self._loaded_stale = stale
-        if previous is not None and plan.version < previous.version:
-            log.warning(
-                "plan %s went back from v%d to v%d; serving it",
-                source.describe(),
-                previous.version,
-                plan.version,
-            )
         log.info(
-            "plan v%d loaded from %s: %d zones, %d pools%s",
-            plan.version,
+            "plan %s loaded from %s: %d zones, %d pools%s",
+            _label(plan),
             source.describe(),
             len(plan.zones),
             len(plan.pools),
@@ -388,6 +429,8 @@ class PipeBackend:
             "process": _PROCESS,
             "written_at": self.wall(),
             "plan_version": plan.version if plan else None,
+            "plan_epoch": plan.epoch if plan else None,
+            "plans_refused": self.refused,
             "requests": requests,
             "pools": {
                 pool: {member: list(pair) for member, pair in members.items()}
@@ -449,6 +492,11 @@ class PipeBackend:
                 return END
             if reply.__class__ is tuple:
                 return qname.join(reply)
+            if reply.__class__ is Located:
+                # ABI 3+: the client subnet, or the resolver's address as /32 or /128 without ECS
+                subnet = parts[7]
+                ecs = subnet.partition(b"/")[0] != parts[5]
+                return reply.reply(qname, subnet, ecs)
             return qname.join(next(reply))  # type: ignore[arg-type]
         return self._handle_other(parts, line)
 
@@ -525,10 +573,12 @@ class PipeBackend:
         else:
             age = self.plan.age(self.wall())
             lines.append(f"plan version: {self.plan.version}")
+            lines.append(f"plan epoch: {self.plan.epoch}")
             lines.append("plan age: " + ("unknown" if age is None else f"{age:.1f} s"))
             lines.append(f"plan stale: {'yes' if self.stale else 'no'}")
             lines.append(f"plan source: {self.store.describe()}")
             lines.append(f"zones: {len(self.plan.zones)}, pools: {len(self.plan.pools)}")
+        lines.append(f"plans refused as older than one served: {self.refused}")
         lines.append(f"requests answered: {self.requests}")
         return lines
 

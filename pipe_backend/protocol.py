@@ -33,8 +33,14 @@ AXFR_FIELDS = {1: 2, 2: 2, 3: 2, 4: 3, 5: 3}
 MAX_LINE = 4096
 """Longest request line accepted; PowerDNS's longest (a 255-byte name in ABI 5) is far shorter."""
 
-DYNAMIC_SCOPE = 32
-"""Scope bits on load-balanced answers: non-zero, so PowerDNS does not cache them."""
+DYNAMIC_SCOPE = 1
+"""Scope bits on load-balanced answers: non-zero, so PowerDNS does not cache them (pdns 4.7
+keeps records of scope 0 in its query cache, keyed by name and type alone, and would give one
+answer to every client for ``query-cache-ttl``). To a query with an EDNS Client Subnet pdns
+returns the largest scope of the answer's records: 1 says the location did not matter as
+broadly as pdns allows (a resolver may reuse the answer for half the address space). A located
+answer replaces it by the prefix that decided the location (:class:`pipe_backend.answers.Located`).
+"""
 
 END = b"END\n"
 FAIL = b"FAIL\n"

@@ -21,29 +21,30 @@ and nothing depends on wall time or hash order.
 - *The cloud* boots a launched server in ``boot_delay`` seconds; cost is server-seconds from the
   launch (or the start) to termination (or the end).
 
-**What is the product's own code** (called, never copied), each manager tick: every serving
-server's agent reports ``in progress / max concurrency``; :func:`dnslb.policy.update_load` folds
-it in (smoothing, pause with hysteresis); :func:`dnslb.policy.member_values` gives each member
-its weight and TTL; :func:`dnslb.scaling.decide` decides launches and drains on
-:func:`dnslb.scaling.sample_pool`; the plan's pool goes through
-:func:`dnslb.selection.pool_answers`, and resolvers that miss their cache take the next answer
-of :func:`dnslb.selection.rotation`, as the pipe backend does. Drains wait until the longest TTL
-handed out for the server has passed and its requests are done, as the manager's lifecycle does.
+**What is the product's own code** (run, never copied: :mod:`sim.product`): the manager,
+with its ingest, tick, policy, lifecycle and autoscaler, on a virtual clock, launching and
+terminating servers through the ``memory`` provider (the cloud, booting a server in
+``boot_delay`` seconds); and a pipe backend answering each resolver's query from the plans the
+manager publishes. Every manager tick, every running server's agent reports ``in progress``,
+``max concurrency`` and its served counter. Drains, pauses, slow starts, warm-ups, launches and
+failures are the product's.
+
+Faults (``failures``) are injected at their moment: servers crash or their agents go silent,
+the cloud fails or hangs launches, the manager restarts from its state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import math
 import random
-from collections.abc import Iterator
+import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dnslb.model import ServerState
-from dnslb.plan import Member, MemberState, Pool
-from dnslb.policy import ServerLoad, member_values, update_load
-from dnslb.scaling import ScalingHistory, ServerLoadView, decide, record, sample_pool
-from dnslb.selection import pool_answers, rotation
 from evaluation.columns import (
     HISTOGRAM_SCALE,
     ResponseStats,
@@ -51,41 +52,32 @@ from evaluation.columns import (
     busiest_over_mean,
     paper_columns,
 )
+from manager.providers.base import Instance
 from sim.metrics import RunResult
+from sim.product import BASE, POOL_NAME, Product
 from sim.scenario import Scenario
 
-PROPAGATION = 1.5
-"""Seconds the manager adds to a TTL before a drained server may stop (as manager.lifecycle)."""
-
-POOL_NAME = "www.example.com."
-
-_Answer = tuple[tuple[int, ...], int]  # server indices in answer order, TTL
+__all__ = ["POOL_NAME", "Simulation", "simulate"]
 
 
 @dataclass(slots=True)
 class _Server:
-    """One simulated server: the machine (queues) and what the manager knows of it."""
+    """One simulated machine: its queues, and its agent (what the manager hears of it)."""
 
     index: int
-    id: str
+    ref: str  # the cloud's id
+    id: str  # the server id the manager gave it
+    token: str  # its agent's token
     address: str
     capacity: int
     slowness: float  # service times are multiplied by this (1 / speed)
     created_at: float
     ready_at: float
-    state: ServerState
-    serving_since: float = -math.inf
     terminated_at: float | None = None
     dead: bool = False  # crashed or terminated: neither serves nor reports
+    silent: bool = False  # its agent does not report (the server serves on)
     slots: list[float] = field(default_factory=list)  # when each worker slot frees
     out: list[tuple[float, int, float]] = field(default_factory=list)  # (finish, user, started)
-    load: ServerLoad | None = None
-    in_progress: int = 0  # as last reported
-    report_at: float = -math.inf
-    paused: bool = False
-    answered_until: float | None = None
-    drain_since: float = 0.0
-    drain_until: float = 0.0
     served: int = 0
     samples: list[tuple[float, float]] = field(default_factory=list)
 
@@ -107,7 +99,9 @@ class Simulation:
         self.rng_servers = random.Random(f"{base}/servers")
         self.policy = scenario.dns.policy
         self.servers: list[_Server] = []
-        self.history = ScalingHistory()
+        self.by_ref: dict[str, _Server] = {}
+        self.by_address: dict[str, int] = {}
+        self.product: Product | None = None
         self.now = 0.0
         users = max(1, scenario.load.peak(scenario.duration))
         self.users_max = users
@@ -129,9 +123,6 @@ class Simulation:
         self.res_expires = [-math.inf] * resolvers
         self.res_turn = [0] * resolvers
         self.events: list[tuple[float, int, int]] = []
-        self.answers: list[_Answer] = [((), 0)]
-        self.cycle: Iterator[_Answer] = iter(())
-        self.pool: Pool | None = None
         # Measurements.
         self.histogram = [0] * (int(scenario.clients.timeout * HISTOGRAM_SCALE) + 2)
         self.total_response = 0.0
@@ -147,33 +138,64 @@ class Simulation:
         self.events_done = 0
         self.series_times: list[float] = []
         self.series_counts: list[tuple[int, int, int, int, int]] = []
-        for _ in range(scenario.servers.initial):
-            self._add_server(0.0, ready_at=0.0, state=ServerState.ACTIVE)
+        self.faults_done: list[str] = []
+        self.struck: list[str] = []  # ids of the servers faults struck
+        self._store_outages: list[int] = []
+        self.failed_on_termination = 0
+        self.sent_to_terminated = 0  # connections of TTL-honouring users to terminated servers
+        self.deaf_ticks = 0  # ticks whose reports do not reach the manager
+        self.orphans = 0
+        self.double_launches = 0
 
     # -- servers ------------------------------------------------------------------------------
 
-    def _add_server(self, now: float, *, ready_at: float, state: ServerState) -> _Server:
+    def _sync_machines(self, now: float) -> None:
+        """Line the world up with the cloud: a machine the manager launched is a new server
+        (it serves once booted); a machine the manager terminated stops, failing what it
+        still had in progress."""
+        assert self.product is not None
+        account = self.product.account
+        machines = account.machines
+        if len(machines) != len(self.by_ref) or any(ref not in self.by_ref for ref in machines):
+            for ref, machine in machines.items():
+                if ref not in self.by_ref:
+                    self._add_server(
+                        ref, machine.instance, machine.token, machine.created_at, machine.ready_at
+                    )
+        for server in self.servers:
+            if server.terminated_at is None and server.ref not in machines:
+                if not server.dead:  # a crashed server's requests failed when it crashed
+                    self.failed_on_termination += self._fail_requests(server, now)
+                server.terminated_at = now
+                server.dead = True
+
+    def _add_server(
+        self, ref: str, instance: Instance, token: str, created: float, ready: float
+    ) -> None:
         config = self.scenario.servers
         index = len(self.servers)
         spread = config.speed_spread
         speed = 1.0 + spread * (2.0 * self.rng_servers.random() - 1.0) if spread else 1.0
         server = _Server(
             index=index,
-            id=f"s{index + 1:05d}",
-            address=f"10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255}",
+            ref=ref,
+            id=instance.server_id or ref,
+            token=token,
+            address=instance.address or "",
             capacity=config.max_concurrency,
             slowness=1.0 / speed,
-            created_at=now,
-            ready_at=ready_at,
-            state=state,
+            created_at=created - BASE,
+            ready_at=ready - BASE,
         )
         server.reset_queues()
         self.servers.append(server)
-        return server
+        self.by_ref[ref] = server
+        self.by_address[server.address] = index
 
-    def _fail_requests(self, server: _Server, now: float) -> None:
+    def _fail_requests(self, server: _Server, now: float) -> int:
         """``server`` stops at ``now``: requests still in progress there fail; their users
-        see the error now and come back after a think time."""
+        see the error now and come back after a think time. Returns how many failed."""
+        failed = 0
         timeout = self.scenario.clients.timeout
         think = self.scenario.clients.think_time
         inv_tick = 1.0 / self.scenario.manager.tick
@@ -190,6 +212,7 @@ class Simulation:
             self.tick_requests[slot] -= 1
             server.served -= 1
             self.failed += 1
+            failed += 1
             self.gen[user] += 1
             self.attempt[user] = 0
             self.retry_server[user] = -1
@@ -197,14 +220,19 @@ class Simulation:
             heapq.heappush(self.events, (now + wait, user, self.gen[user]))
         server.out = []
         server.slots = [0.0] * server.capacity
+        return failed
 
     # -- DNS ----------------------------------------------------------------------------------
 
     def _query(self, resolver: int, now: float) -> None:
-        """Resolver ``resolver`` missed its cache: it asks the DNS (the pipe backend's next
-        answer) and caches the answer for its TTL."""
-        servers, ttl = next(self.cycle)
-        self.res_answer[resolver] = servers
+        """Resolver ``resolver`` missed its cache: it asks the DNS (the pipe backend answers)
+        and caches the answer for its TTL."""
+        assert self.product is not None
+        addresses, ttl = self.product.answer()
+        by_address = self.by_address
+        self.res_answer[resolver] = tuple(
+            by_address[address] for address in addresses if address in by_address
+        )
         self.res_expires[resolver] = now + max(ttl, self.scenario.resolvers.min_ttl)
         self.dns_queries += 1
         self.ttl_total += ttl
@@ -351,6 +379,8 @@ class Simulation:
             else:
                 target_next = -1  # a dead address: the next one of the answer
                 pin_until[user] = 0.0
+                if server.terminated_at is not None and not ignores[user]:
+                    self.sent_to_terminated += 1  # DNS still had it: a drain ended too early
             tries = attempt[user]
             wait = retry_after[tries if tries < last_retry else last_retry]
             if now + wait - first_at[user] >= timeout:
@@ -369,192 +399,153 @@ class Simulation:
 
     # -- the manager --------------------------------------------------------------------------
 
-    def _tick(self, now: float) -> None:
-        """One manager tick at ``now``: reports, policy, lifecycle and autoscaler, plan."""
-        scenario = self.scenario
-        policy = self.policy
-        manager = scenario.manager
-        tick = manager.tick
+    async def _tick(self, now: float, *, measure: bool = True) -> None:
+        """One manager tick at ``now``: the agents report, the manager ticks, the world follows
+        what it did (launches, terminations); then the measurements."""
+        product = self.product
+        assert product is not None
+        self._sync_machines(now)
+        reports = []
+        heappop = heapq.heappop
         for server in self.servers:
-            if server.state is ServerState.LAUNCHING and server.ready_at <= now:
-                server.state = ServerState.ACTIVE  # its agent's first report: in it goes
-                server.serving_since = now
-                server.reset_queues()
-        for server in self.servers:
-            state = server.state
-            if state is ServerState.TERMINATED or state is ServerState.LAUNCHING:
-                continue
-            if server.dead:
-                if state is ServerState.ACTIVE and now - server.report_at > manager.down_after:
-                    server.state = ServerState.DOWN
+            if server.dead or server.ready_at > now:
                 continue
             out = server.out
             while out and out[0][0] <= now:
-                heapq.heappop(out)
-            server.in_progress = len(out)
-            server.report_at = now
-            utilization = server.in_progress / server.capacity
-            if state is ServerState.DOWN:
-                server.state = ServerState.ACTIVE  # reporting again: back in, with slow start
-                server.serving_since = now
-            server.load = update_load(server.load, utilization, now, policy)
-            server.paused = scenario.dns.pause and server.load.paused
-            if server.state is ServerState.ACTIVE:
-                server.samples.append((now, utilization))
-                if utilization >= 1.0:
-                    self.saturated += tick
-        self._lifecycle(now)
-        self._plan(now)
-        self._record_series(now)
-
-    def _lifecycle(self, now: float) -> None:
-        manager = self.scenario.manager
-        for server in self.servers:
-            if server.state is not ServerState.DRAINING:
-                continue
-            done = now >= server.drain_until and server.in_progress == 0
-            if done or now - server.drain_since >= manager.drain_timeout:
-                self._fail_requests(server, now)
-                server.state = ServerState.TERMINATED
-                server.terminated_at = now
-                server.dead = True
-        scaling = self.scenario.scaling
-        if scaling is None:
+                heappop(out)
+            if not server.silent and not self.deaf_ticks:
+                reports.append((server.id, server.token, len(out), server.capacity, server.served))
+        self.deaf_ticks = max(0, self.deaf_ticks - 1)
+        await product.tick(now, reports)
+        self._sync_machines(now)
+        if not measure:
             return
-        views = [
-            ServerLoadView(
-                id=server.id,
-                active=server.state is ServerState.ACTIVE,
-                in_progress=server.in_progress if server.state is ServerState.ACTIVE else 0,
-                max_concurrency=server.capacity,
-                started_at=server.created_at,
-            )
-            for server in self.servers
-            if server.state.counts_as_capacity
-        ]
-        self.history.add(sample_pool(views, now), keep=max(scaling.window, scaling.scale_in_window))
-        decision = decide(self.history, views, scaling, now)
-        record(self.history, decision, now)
-        for _ in range(decision.launch):
-            boot = self.scenario.servers.boot_delay
-            self._add_server(now, ready_at=now + boot, state=ServerState.LAUNCHING)
-        if decision.drain is not None:
-            victim = next(server for server in self.servers if server.id == decision.drain)
-            victim.state = ServerState.DRAINING
-            victim.drain_since = now
-            victim.drain_until = victim.answered_until or now
-
-    def _plan(self, now: float) -> None:
-        """Build the plan's pool as the manager's planner does, and re-derive the answers when
-        it changed (as a pipe backend does on a new plan version)."""
-        policy = self.policy
-        down_after = self.scenario.manager.down_after
-        members = []
-        eligible = 0
-        for server in self.servers:
-            state = server.state
-            if state is ServerState.ACTIVE:
-                fresh = now - server.report_at <= down_after
-                if fresh and not server.paused:
-                    member_state = MemberState.ACTIVE
-                    eligible += 1
-                elif server.paused:
-                    member_state = MemberState.PAUSED
-                else:
-                    member_state = MemberState.DOWN
-            elif state is ServerState.DOWN:
-                member_state = MemberState.DOWN
-            elif state is ServerState.DRAINING:
-                member_state = MemberState.DRAINING
-            else:
-                continue
-            load = server.load
-            values = member_values(
-                load.utilization if load is not None else None,
-                server.capacity,
-                now - server.serving_since,
-                policy,
-                answered=member_state is MemberState.ACTIVE,
-            )
-            members.append(
-                Member(
-                    id=server.id,
-                    address=server.address,
-                    weight=values.weight,
-                    ttl=values.ttl,
-                    state=member_state,
-                    utilization=values.utilization,
-                )
-            )
-        k = max(1, len(members)) if self.scenario.dns.all_addresses else policy.k
-        pool = Pool(
-            name=POOL_NAME,
-            members=tuple(members),
-            k=k,
-            ttl_floor=policy.ttl_min,
-            fallback=policy.fallback,
-        )
-        for member in members:
-            if member.state is MemberState.DRAINING:
-                continue
-            server = self.servers[int(member.id[1:]) - 1]
-            until = now + max(member.ttl, policy.ttl_min) + PROPAGATION
-            if server.answered_until is None or until > server.answered_until:
-                server.answered_until = until
-        if pool == self.pool:
-            return
-        self.pool = pool
-        index = {server.id: server.index for server in self.servers}
-        self.answers = [
-            (tuple(index[member.id] for member in answer.members), answer.ttl)
-            for answer in pool_answers(pool).v4
-        ]
-        self.cycle = rotation(self.answers, self.rng_dns)
-
-    def _record_series(self, now: float) -> None:
+        tick = self.scenario.manager.tick
+        states = product.states()
         serving = paused = booting = draining = 0
-        for server in self.servers:
-            state = server.state
+        for state, is_paused in states.values():
             if state is ServerState.ACTIVE:
-                if server.paused:
+                if is_paused:
                     paused += 1
                 else:
                     serving += 1
-            elif state is ServerState.LAUNCHING:
+            elif state is ServerState.LAUNCHING or state is ServerState.WARMING:
                 booting += 1
             elif state is ServerState.DRAINING:
                 draining += 1
+        for server in self.servers:
+            if server.dead or server.ready_at > now:
+                continue
+            known = states.get(server.id)
+            if known is not None and known[0] is ServerState.ACTIVE:
+                utilization = len(server.out) / server.capacity
+                server.samples.append((now, utilization))
+                if utilization >= 1.0:
+                    self.saturated += tick
         self.series_times.append(now)
         self.series_counts.append((serving, paused, booting, draining, self.users))
 
     # -- failures -----------------------------------------------------------------------------
 
-    def _crash(self, count: int, now: float) -> list[_Server]:
-        victims = [
+    def _targets(self, count: int, target: str) -> list[_Server]:
+        """The ``count`` servers with the lowest ids that are alive and, for the manager,
+        serving (``target`` ``serving``) or draining."""
+        assert self.product is not None
+        states = self.product.states()
+        wanted = ServerState.DRAINING if target == "draining" else ServerState.ACTIVE
+        found = [
             server
             for server in self.servers
-            if server.state is ServerState.ACTIVE and not server.dead
-        ][:count]
+            if not server.dead
+            and not server.silent
+            and states.get(server.id, (None, False))[0] is wanted
+        ]
+        return sorted(found, key=lambda server: server.id)[:count]
+
+    async def _fault(self, number: int, now: float) -> list[_Server]:
+        """Inject failure ``number`` now; the servers it struck (to recover later)."""
+        failure = self.scenario.failures[number]
+        product = self.product
+        assert product is not None
+        self.faults_done.append(f"{now:g} s: {failure.kind} x{failure.servers}")
+        if failure.kind == "crash":
+            victims = self._targets(failure.servers, failure.target)
+            self.struck += [server.id for server in victims]
+            for server in victims:
+                self._fail_requests(server, now)
+                server.dead = True
+            return victims
+        if failure.kind == "silent_agent":
+            victims = self._targets(failure.servers, failure.target)
+            self.struck += [server.id for server in victims]
+            for server in victims:
+                server.silent = True
+            return victims
+        if failure.kind == "failed_launches":
+            product.provider.failures_left += failure.servers
+        elif failure.kind == "hung_launches":
+            product.provider.hung_left += failure.servers
+        elif failure.kind == "store_outage":
+            product.store.failing = True  # publications fail; pipe backends keep their plan
+            self._store_outages.append(number)
+        elif failure.kind == "manager_restart":
+            # Agents that found no manager while it was down report again after its first tick.
+            await product.restart_manager()
+            self.deaf_ticks = 1
+        return []
+
+    def _recover(self, victims: list[_Server], kind: str) -> None:
+        if kind == "store_outage":
+            assert self.product is not None
+            self.product.store.failing = False
         for server in victims:
-            self._fail_requests(server, now)
-            server.dead = True
-        return victims
+            if server.terminated_at is not None:
+                continue
+            if kind == "silent_agent":
+                server.silent = False
+            else:
+                server.dead = False
+                server.reset_queues()
 
     # -- the run ------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
         """Simulate the whole scenario and measure it."""
+        with tempfile.TemporaryDirectory(prefix="dnslb-sim-") as workdir:
+            return asyncio.run(self._run(Path(workdir)))
+
+    async def _run(self, workdir: Path) -> RunResult:
+        product = await self.start(workdir)
+        try:
+            return await self._main(self.scenario.duration, self.scenario.manager.tick)
+        finally:
+            await product.close()
+
+    async def start(self, workdir: Path) -> Product:
+        """Start the product (its state in ``workdir``) and run the warm-up: the manager runs
+        before the users come, adopts the running servers, they report, the pool settles (the
+        run starts with it serving, as the paper's did). Tests step on with :meth:`step`."""
+        tick = self.scenario.manager.tick
+        self.product = product = Product(self.scenario, self.seed, workdir)
+        ticks = math.ceil(product.warmup / tick)
+        for number in range(ticks, 0, -1):
+            await self._tick(-number * tick, measure=False)
+        return product
+
+    async def step(self, now: float) -> None:
+        """One manager tick at ``now`` (tests: after :meth:`start`, without users)."""
+        await self._tick(now)
+
+    async def _main(self, end: float, tick: float) -> RunResult:
         scenario = self.scenario
-        end = scenario.duration
-        tick = scenario.manager.tick
         controls: list[tuple[float, int, str, int]] = []  # (time, order, kind, argument)
         for time in scenario.load.changes(end):
             controls.append((time, len(controls), "load", 0))
         for number, failure in enumerate(scenario.failures):
-            controls.append((failure.at, len(controls), "crash", number))
+            controls.append((failure.at, len(controls), "fault", number))
         heapq.heapify(controls)
         recoveries: dict[int, list[_Server]] = {}
-        self._tick(0.0)
+        await self._tick(0.0)
         if scenario.resolvers.staggered:
             ttl_max = self.policy.ttl_max
             for resolver in range(scenario.resolvers.count):
@@ -574,10 +565,11 @@ class Simulation:
                 _, _, kind, argument = heapq.heappop(controls)
                 if kind == "load":
                     self._set_users(until)
-                elif kind == "crash":
+                elif kind == "fault":
                     failure = scenario.failures[argument]
-                    recoveries[argument] = self._crash(failure.servers, until)
-                    if failure.recover_after is not None:
+                    recoveries[argument] = await self._fault(argument, until)
+                    struck = recoveries[argument] or argument in self._store_outages
+                    if failure.recover_after is not None and struck:
                         heapq.heappush(
                             controls,
                             (
@@ -588,22 +580,40 @@ class Simulation:
                             ),
                         )
                 else:
-                    for server in recoveries.pop(argument, []):
-                        if server.state is not ServerState.TERMINATED:
-                            server.dead = False
-                            server.reset_queues()
+                    self._recover(recoveries.pop(argument, []), scenario.failures[argument].kind)
                 continue
-            self._tick(until)
+            await self._tick(until)
             ticks += 1
             next_tick = ticks * tick
+        self._audit()
         return self._result(end)
+
+    def _audit(self) -> None:
+        """What must never happen, counted at the end: servers running that the manager does
+        not know (orphans), and server ids the cloud started twice."""
+        assert self.product is not None
+        self._sync_machines(self.now)
+        known = {
+            server_id
+            for server_id, (state, _) in self.product.states().items()
+            if state is not ServerState.TERMINATED
+        }
+        self.orphans = sum(
+            1
+            for machine in self.product.account.machines.values()
+            if machine.instance.server_id not in known
+        )
+        launches = Counter(server.id for server in self.servers)
+        self.double_launches = sum(1 for count in launches.values() if count > 1)
 
     def _result(self, end: float) -> RunResult:
         scenario = self.scenario
         stats = ResponseStats.from_histogram(self.histogram, self.total_response)
         cost = sum(
-            (server.terminated_at if server.terminated_at is not None else end) - server.created_at
+            (server.terminated_at if server.terminated_at is not None else end)
+            - max(0.0, server.created_at)
             for server in self.servers
+            if server.terminated_at is None or server.terminated_at > 0.0
         )
         samples = {server.id: server.samples for server in self.servers if server.samples}
         return RunResult(
@@ -616,6 +626,10 @@ class Simulation:
             peak_servers=max((sum(counts[:4]) for counts in self.series_counts), default=0),
             simulated=end,
             events=self.events_done,
+            failed_on_termination=self.failed_on_termination,
+            sent_to_terminated=self.sent_to_terminated,
+            orphans=self.orphans,
+            double_launches=self.double_launches,
         )
 
     def series(self) -> Series:

@@ -1,5 +1,5 @@
-"""What a simulated run measured: the shared columns of :mod:`evaluation.columns`, plus the seed
-and the simulator's own measures of work."""
+"""What a simulated run measured: the shared columns of :mod:`evaluation.columns`, plus the seed,
+the simulator's own measures of work, and what the fault suite checks."""
 
 from __future__ import annotations
 
@@ -15,3 +15,8 @@ class RunResult(CaseResult):
     seed: int
     simulated: float  # seconds of simulated time
     events: int  # client events processed (a measure of the work)
+    # What the fault suite looks for (0 in a sound run):
+    failed_on_termination: int = 0  # requests in progress on a server the manager terminated
+    sent_to_terminated: int = 0  # connections of TTL-honouring users to a terminated server
+    orphans: int = 0  # servers running in the cloud at the end that the manager does not know
+    double_launches: int = 0  # server ids the cloud started more than one machine for

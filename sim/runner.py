@@ -32,6 +32,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     ),
     "goals": ("goals-round-robin.yaml", "goals-fixed-ttl.yaml", "step-load.yaml"),
     "scenarios": ("step-load.yaml", "flash-crowd.yaml", "failure.yaml", "plain-round-robin.yaml"),
+    "faults": ("faults.yaml",),
 }
 """Named sets of the shipped scenario files (``dnslb sim --suite NAME``)."""
 
@@ -130,6 +131,31 @@ def run_files(
     return report
 
 
+def checks(rows: Sequence[RunResult]) -> str:
+    """What must never happen, per case: requests failed on servers the manager terminated
+    (a drain that ended too early), servers running that it does not know, double launches."""
+    lines = []
+    for row in rows:
+        found = [
+            f"{count} {what}"
+            for count, what in (
+                (row.failed_on_termination, "requests failed on servers it terminated"),
+                (row.sent_to_terminated, "connections to servers it terminated"),
+                (row.orphans, "servers left running unknown"),
+                (row.double_launches, "servers launched twice"),
+            )
+            if count
+        ]
+        if found:
+            lines.append(f"  {row.name}: {'; '.join(found)}")
+    if not lines:
+        return (
+            "checks: no case failed a request by a termination, sent a client to a terminated "
+            "server, left a server running unknown or launched one twice"
+        )
+    return "checks FAILED (each should be 0):\n" + "\n".join(lines)
+
+
 def scenario_path(name: str) -> Path:
     """A scenario file by path, or by the name of a shipped one (``step-load``)."""
     path = Path(name)
@@ -177,7 +203,7 @@ def main(
     text = []
     markdown = []
     for file, rows in report:
-        text.append(table(rows, title=file.title))
+        text.append(table(rows, title=file.title) + "\n" + checks(rows))
         markdown.append(f"### {file.title}\n\n{markdown_table(rows)}")
     runs = sum(len(file.scenarios) for file in files) * repeat
     footer = f"{runs} runs in {elapsed:.1f} s"

@@ -198,17 +198,57 @@ class ManagerConfig:
     drain_timeout: float = setting(
         600.0, help="longest drain before a server is terminated anyway", min=0.0
     )
+    warmup: float | None = setting(
+        None,
+        help="seconds the manager runs before the users come, its pool serving (null: the "
+        "policy's slow_start and five ticks, so that the run starts with the pool settled)",
+        min=0.0,
+    )
+
+
+FAILURE_KINDS = (
+    "crash",
+    "silent_agent",
+    "failed_launches",
+    "hung_launches",
+    "manager_restart",
+    "store_outage",
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Servers that crash: they stop serving and reporting; requests in progress fail."""
+    """A fault injected at a moment of the run.
+
+    - ``crash``: servers stop serving and reporting; requests in progress fail.
+    - ``silent_agent``: servers go on serving, but their agents stop reporting.
+    - ``failed_launches``: the cloud refuses the next ``servers`` launches.
+    - ``hung_launches``: the next ``servers`` launches never get past pending.
+    - ``manager_restart``: the manager process dies and a new one starts from its state.
+    - ``store_outage``: the plan store fails (publications fail; the pipe backend keeps its
+      plan) for ``recover_after`` seconds.
+    """
 
     at: float = setting(help="when, seconds", min=0.0)
-    servers: int = setting(1, help="how many (the serving servers with the lowest ids)", min=1)
-    recover_after: float | None = setting(
-        None, help="seconds until they serve again (null: never; the autoscaler replaces them)"
+    kind: str = setting("crash", help=f"what fails: {', '.join(FAILURE_KINDS)}")
+    servers: int = setting(
+        1,
+        help="how many servers (the serving servers with the lowest ids) or launches",
+        min=1,
     )
+    target: Literal["serving", "draining"] = setting(
+        "serving", help="which servers a crash or a silent agent strikes: serving or draining ones"
+    )
+    recover_after: float | None = setting(
+        None,
+        help="seconds until crashed servers serve again, silent agents report again or the "
+        "plan store is back "
+        "(null: never; the autoscaler replaces them)",
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        if self.kind not in FAILURE_KINDS:
+            yield f"kind must be one of {', '.join(FAILURE_KINDS)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +268,7 @@ class Scenario:
     scaling: ScalingPolicy | None = setting(
         None, help="the autoscaler (null: a fixed pool of servers.initial servers)"
     )
-    failures: tuple[Failure, ...] = setting((), help="server crashes")
+    failures: tuple[Failure, ...] = setting((), help="faults: crashes, silent agents...")
     balance_window: float = setting(
         10.0, help="seconds over which utilization is averaged to compare servers", min=1.0
     )

@@ -50,6 +50,7 @@ class Receiver:
     def __init__(self, port: int = 0) -> None:
         self.port = port
         self.answer: tuple[int, bytes] = (204, b"")
+        self.answer_headers: dict[str, str] = {}  # sent with ``answer`` (a redirect's Location)
         self.get_answer: tuple[int, bytes] = (200, b"{}")
         self.requests: list[Received] = []
         self.lock = threading.RLock()  # wait_for's predicate takes it again
@@ -85,8 +86,12 @@ class Receiver:
                     )
                     owner.changed.notify_all()
 
-            def _reply(self, status: int, body: bytes) -> None:
+            def _reply(
+                self, status: int, body: bytes, headers: dict[str, str] | None = None
+            ) -> None:
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -99,7 +104,7 @@ class Receiver:
                     self.close_connection = True
                     return
                 self._record(body)
-                self._reply(*owner.answer)
+                self._reply(*owner.answer, owner.answer_headers)
 
             def do_GET(self) -> None:
                 self._record(b"")

@@ -376,7 +376,7 @@
 
   if (typeof Chart === "undefined") {
     document.body.textContent =
-      "The chart library did not load (/dashboard/vendor/chart.umd.js): run scripts/install.";
+      "The chart library did not load (/dashboard/vendor/chart.umd.js): reinstall dnslb, which ships it.";
     return;
   }
   if (sessionStorage.getItem(TOKEN_KEY)) start(); else showLogin("");

@@ -57,6 +57,7 @@ class LaunchRequest:
     pool: str
     agent_token: str  # the server's own token, for its agent's reports
     manager_url: str  # where its agent reports
+    manager_urls: tuple[str, ...] = ()  # the other managers (active/standby) it may report to
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class ProviderContext:
     state_dir: Path  # for providers that keep files (the local provider's processes)
     manager_url: str
     clock: Clock = field(default_factory=SystemClock)
+    manager_urls: tuple[str, ...] = ()  # the other managers' URLs (http.peer_urls)
     # What launched agents verify an https:// manager_url with (None: the system's trust store),
     # and whether the manager's operator let tokens travel in clear text (http.allow_plaintext).
     manager_ca_file: FileReference | None = None

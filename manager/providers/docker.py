@@ -591,6 +591,7 @@ class DockerProvider(Provider):
         agent = AgentConfig(
             server_id=request.server_id,
             manager_url=request.manager_url,
+            manager_urls=request.manager_urls,
             token=Secret(request.agent_token, f"file:{AGENT_TOKEN}"),
             source=NginxSourceConfig(
                 url=f"http://127.0.0.1:{config.port}{DEFAULT_STATUS_PATH}",

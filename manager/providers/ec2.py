@@ -191,8 +191,8 @@ class Ec2ProviderConfig(ProviderConfig):
     )
     user_data: str | None = setting(
         None,
-        help="user-data template with {{server_id}}, {{pool}}, {{manager_url}}, {{agent_token}} "
-        "(default: the script in docs/cloud.md)",
+        help="user-data template with {{server_id}}, {{pool}}, {{manager_url}}, {{manager_urls}}, "
+        "{{agent_token}} (default: the script in docs/cloud.md)",
     )
     address: Literal["public", "private"] = setting(
         "public", help="which address is answered in DNS"

@@ -441,6 +441,7 @@ class LocalProvider(Provider):
         agent = AgentConfig(
             server_id=ref,
             manager_url=request.manager_url,
+            manager_urls=request.manager_urls,
             # The reference names the final place: the agent reads it once renamed.
             token=Secret(request.agent_token, f"file:{directory / 'agent.token'}"),
             source=NginxSourceConfig(

@@ -11,7 +11,9 @@ old provider's ``account`` to the new one, and the new manager finds its servers
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -35,27 +37,70 @@ class MemoryProviderConfig(ProviderConfig):
 
     type: Literal["memory"]
     boot_time: float = setting(0.0, help="seconds a server takes to run", min=0.0)
-    network: str = setting("10.99.0", help="first three octets of the servers' addresses")
+    network: str = setting(
+        "10.99.0",
+        help="first three octets of the servers' addresses (server N gets network.0 + N + 1, "
+        "on into the next octets past 254)",
+    )
     fail_launches: int = setting(0, help="the first N launches fail", min=0)
     fail_terminations: int = setting(0, help="the first N terminations fail", min=0)
     broken_launches: int = setting(
         0, help="the first N launches raise an unexpected error (a provider bug)", min=0
     )
+    hung_launches: int = setting(
+        0, help="the first N launches never get past pending (a stuck cloud)", min=0
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        try:
+            ipaddress.IPv4Address(f"{self.network}.0")
+        except ValueError:
+            yield f"network: {self.network!r} is not three octets of an IPv4 address"
 
 
 @dataclass(frozen=True, slots=True)
 class _Machine:
     instance: Instance
-    ready_at: float
+    ready_at: float  # inf: it never runs (hung)
     token: str
+    created_at: float
 
 
 @dataclass
 class MemoryAccount:
-    """The servers of a memory provider (by ref) and the numbers its next ones take."""
+    """The servers of a memory provider (by ref), the numbers its next ones take, and the bill:
+    when each server was created and terminated (the provider's monotonic clock)."""
 
     machines: dict[str, _Machine] = field(default_factory=dict)
     numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    bill: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+
+    def create(
+        self, request: LaunchRequest, *, network: str, now: float, ready_at: float
+    ) -> Instance:
+        """A new server for ``request``, pending until ``ready_at``."""
+        number = next(self.numbers)
+        instance = Instance(
+            ref=f"mem-{number}",
+            status=InstanceStatus.PENDING,
+            server_id=request.server_id,
+            pool=request.pool,
+            address=_address(network, number),
+            token_hash=token_hash(request.agent_token),
+        )
+        self.machines[instance.ref] = _Machine(instance, ready_at, request.agent_token, now)
+        self.bill[instance.ref] = (now, None)
+        return instance
+
+    def remove(self, ref: str, now: float) -> None:
+        """Terminate ``ref`` (nothing if it is gone)."""
+        if self.machines.pop(ref, None) is not None:
+            self.bill[ref] = (self.bill[ref][0], now)
+
+
+def _address(network: str, number: int) -> str:
+    base = int(ipaddress.IPv4Address(f"{network}.0"))
+    return str(ipaddress.IPv4Address((base + number + 1) % 2**32))
 
 
 @register(MemoryProviderConfig)
@@ -66,6 +111,7 @@ class MemoryProvider(Provider):
         self.failures_left = config.fail_launches
         self.terminate_failures_left = config.fail_terminations
         self.broken_left = config.broken_launches
+        self.hung_left = config.hung_launches
         self.calls: list[str] = []
 
     @property
@@ -89,20 +135,12 @@ class MemoryProvider(Provider):
         if self.failures_left > 0:
             self.failures_left -= 1
             raise ProviderError("launch refused (memory provider told to fail)")
-        number = next(self.account.numbers)
-        instance = Instance(
-            ref=f"mem-{number}",
-            status=InstanceStatus.PENDING,
-            server_id=request.server_id,
-            pool=request.pool,
-            address=f"{self.config.network}.{number % 250 + 1}",
-            token_hash=token_hash(request.agent_token),
-        )
         now = self.context.clock.monotonic()
-        self.machines[instance.ref] = _Machine(
-            instance, now + self.config.boot_time, request.agent_token
-        )
-        return instance
+        ready_at = now + self.config.boot_time
+        if self.hung_left > 0:
+            self.hung_left -= 1
+            ready_at = float("inf")
+        return self.account.create(request, network=self.config.network, now=now, ready_at=ready_at)
 
     async def describe(self, ref: str) -> Instance:
         machine = self.machines.get(ref)
@@ -120,7 +158,7 @@ class MemoryProvider(Provider):
         if self.terminate_failures_left > 0:
             self.terminate_failures_left -= 1
             raise ProviderError("terminate refused (memory provider told to fail)")
-        self.machines.pop(ref, None)
+        self.account.remove(ref, self.context.clock.monotonic())
 
     async def list_owned(self) -> list[Instance]:
         return [await self.describe(ref) for ref in list(self.machines)]

@@ -99,8 +99,8 @@ class OpenStackProviderConfig(ProviderConfig):
     availability_zone: str | None = setting(None, help="availability zone (default: Nova's)")
     user_data: str | None = setting(
         None,
-        help="user-data template with {{server_id}}, {{pool}}, {{manager_url}}, {{agent_token}} "
-        "(default: the script in docs/cloud.md)",
+        help="user-data template with {{server_id}}, {{pool}}, {{manager_url}}, {{manager_urls}}, "
+        "{{agent_token}} (default: the script in docs/cloud.md)",
     )
     metadata: Mapping[str, str] = setting(
         default_factory=lambda: MappingProxyType({}),

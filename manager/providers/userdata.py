@@ -7,6 +7,8 @@ stay untouched) and are:
 - ``{{server_id}}``: the id the manager gave the server (its agent reports under it);
 - ``{{pool}}``: the pool's name;
 - ``{{manager_url}}``: where the agent reports;
+- ``{{manager_urls}}``: the other managers (``http.peer_urls``, active/standby) as a YAML list,
+  ``[]`` for none;
 - ``{{agent_token}}``: the server's own agent token.
 
 User data is readable by whoever may read the instance's attributes (EC2's
@@ -17,12 +19,13 @@ narrow that. The token is never put in tags or metadata: only its hash is.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
 from manager.providers.base import LaunchRequest, ProviderError
 
-PLACEHOLDERS = ("server_id", "pool", "manager_url", "agent_token")
+PLACEHOLDERS = ("server_id", "pool", "manager_url", "manager_urls", "agent_token")
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
@@ -39,6 +42,7 @@ printf '%s\\n' '{{agent_token}}' > "$dir/agent.token"
   echo '# pool {{pool}}: written at launch by the dnslb manager'
   echo 'server_id: "{{server_id}}"'
   echo 'manager_url: "{{manager_url}}"'
+  echo 'manager_urls: {{manager_urls}}'
   echo "token: file:$dir/agent.token"
   cat "$dir/agent-source.yaml"
 } > "$dir/agent.yaml"
@@ -67,6 +71,8 @@ def render_user_data(template: str | None, request: LaunchRequest, *, limit: int
         "server_id": request.server_id,
         "pool": request.pool,
         "manager_url": request.manager_url,
+        # A JSON list is a YAML flow sequence; the URLs were checked as URLs by the config.
+        "manager_urls": json.dumps(list(request.manager_urls)),
         "agent_token": request.agent_token,
     }
     text = _PLACEHOLDER.sub(

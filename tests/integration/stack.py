@@ -136,6 +136,7 @@ class ManagerProcess:
     config: str
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    http: str = ""  # more keys of the http block, ", key: value" each
 
     @property
     def url(self) -> str:
@@ -151,7 +152,7 @@ class ManagerProcess:
 
     def start(self, timeout: float = 20.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        text = self.config + f"\nhttp: {{port: {self.port}}}\n"
+        text = self.config + f"\nhttp: {{port: {self.port}{self.http}}}\n"
         (self.workdir / "manager.yaml").write_text(text)
         self.process = spawn(
             [

@@ -144,3 +144,34 @@ def test_a_bad_config_is_one_clear_error(tmp_path: Path, start_agent) -> None:
     assert f"{config}, line 4: source.type: must be one of json, nginx, port" in text
     assert "hunter2" not in text
     assert "Traceback" not in text
+
+
+def test_the_agent_follows_the_leader_when_managers_swap_roles(
+    tmp_path: Path, nginx: NginxServer, start_agent
+) -> None:
+    """Two managers in active/standby: reports reach the leader through the standby's redirect,
+    and the other one after they swap roles (the leader died, the standby took over)."""
+    with Receiver() as first, Receiver() as second:
+        first.answer, first.answer_headers = (307, b""), {"Location": f"{second.url}/v1/reports"}
+        token_path = tmp_path / "agent.token"
+        token_path.write_text(TOKEN)
+        config = AgentConfig(
+            server_id="cache-10",
+            manager_url=first.url,
+            manager_urls=(second.url,),
+            token=resolve_secret(f"file:{token_path}"),
+            source=NginxSourceConfig(url=nginx.status_url, max_concurrency=40),
+            interval=0.1,
+            backoff_cap=0.5,
+        )
+        path = tmp_path / "agent.yaml"
+        path.write_text(dump_config(config))
+        agent = start_agent(path)
+        assert second.wait_for(lambda: len(second.posts()) >= 5, timeout=20), "no reports"
+        assert len(first.posts()) == 1  # redirected once, then straight to the leader
+        second.stop()  # the leader dies; the standby takes over
+        first.answer, first.answer_headers = (204, b""), {}
+        assert first.wait_for(lambda: len(first.posts()) >= 5, timeout=20), "no failover"
+        assert agent.poll() is None
+        seqs = [parse_report(post.json()).seq for post in second.posts() + first.posts()[1:]]
+        assert seqs == sorted(seqs)

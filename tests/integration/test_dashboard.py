@@ -51,7 +51,7 @@ def load(server_id: str, now: float) -> int:
 
 @pytest.fixture
 def manager(tmp_path: Path) -> Iterator[RunningManager]:
-    assert CHART_JS.is_file(), "the chart library is missing: run scripts/install (npm ci)"
+    assert CHART_JS.is_file(), "the chart library is missing from api/static/vendor/"
     with running_manager(tmp_path, load=load) as running:
         yield running
 

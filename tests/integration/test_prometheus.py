@@ -66,7 +66,7 @@ pools:
     zone: example.test
     provider: {{type: memory, fail_launches: 1000}}
     scaling: {{min_servers: 1, max_servers: 2}}
-    lifecycle: {{max_failed_launches: 2, launch_backoff: 600}}
+    lifecycle: {{max_failed_launches: 2, launch_backoff: 600, launch_backoff_start: 600}}
 """
 
 # Exported only with a single-IP cluster or pipe backends' answer counts, neither here.

@@ -629,9 +629,20 @@ def test_a_missing_chart_library_is_explained(tmp_path: Path) -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as api:
             answer = await api.get("/dashboard/vendor/chart.umd.js")
         assert answer.status_code == 404
-        assert "scripts/install" in answer.json()["error"]
+        assert "reinstall dnslb" in answer.json()["error"]
 
     run(tmp_path, scenario)
+
+
+def test_the_package_ships_the_chart_library_its_readme_names() -> None:
+    # A pip install used to miss it (it came from npm into a checkout's node_modules/).
+    readme = (STATIC / "vendor" / "README.md").read_text()
+    [version] = re.findall(r"\| `chart.umd.min.js` \| [^|]+ \| ([0-9.]+) \|", readme)
+    banner = (STATIC / "vendor" / "chart.umd.min.js").read_text()[:200]
+    assert f"Chart.js v{version}" in banner
+    assert (STATIC / "vendor" / "chart.js-LICENSE.md").is_file()
+    pyproject = (STATIC.parent.parent / "pyproject.toml").read_text()
+    assert '"static/vendor/*"' in pyproject  # package data: in the wheel
 
 
 def test_the_openapi_document_states_auth_and_the_pool_schema(tmp_path: Path) -> None:

@@ -343,7 +343,13 @@ async def test_the_manager_launches_through_the_engine_and_removes_at_exit(
     clock = FakeClock()
     manager = Manager(load_manager_config(path), clock=clock)
     lifecycle = manager.lifecycles["www"]
-    manager.tick()  # min_servers: one launch
+    manager.tick()  # the first reconcile lists the engine's containers...
+    for _ in range(100):
+        await lifecycle.settle()
+        await asyncio.sleep(0.01)
+        if lifecycle.reconciled:
+            break
+    manager.tick()  # ...then min_servers: one launch
     for _ in range(20):
         await lifecycle.settle()
         await asyncio.sleep(0.01)

@@ -114,6 +114,8 @@ def test_min_servers_are_launched_and_become_active(tmp_path: Path) -> None:
     async def scenario() -> None:
         lab = Lab(tmp_path)
         await lab.run(1, 0)
+        assert lab.servers() == []  # the first tick looks at what the provider runs, first
+        await lab.run(1, 0)
         [server] = lab.servers()
         assert lab.manager.fleet.servers[server].state is ServerState.LAUNCHING  # boots 5 s
         assert "min_servers is 1" in lab.events("server_added")[0]
@@ -179,6 +181,33 @@ def test_a_draining_server_waits_for_ttls_and_requests(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_a_restarted_manager_does_not_take_a_draining_server_for_silent(tmp_path: Path) -> None:
+    # Found by the simulator's fault suite: a manager restarted while a server drained had no
+    # report of it yet at its first tick, counted its agent as silent (drained) and terminated
+    # it with requests still in progress.
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("min_servers: 1", "min_servers: 2"))
+        await lab.run(10, 10)
+        victim_id = lab.servers(ServerState.ACTIVE)[0]
+        victim = lab.manager.fleet.servers[victim_id]
+        lab.manager.lifecycles["www"].drain(victim, "test drain", lab.clock.time())
+        answered_until = victim.record.data["answered_until"]
+        while lab.clock.time() < answered_until + 1:
+            await lab.run(1, 3, draining=3)  # TTLs expire; 3 requests still in progress
+        await lab.restart()
+        for _ in range(2):  # ticks before the agents find the new manager
+            lab.clock.advance(1)
+            lab.manager.tick()
+            await lab.manager.settle()
+        assert lab.manager.fleet.servers[victim_id].state is ServerState.DRAINING
+        await lab.run(2, 3, draining=3)  # it reports: still busy
+        assert lab.manager.fleet.servers[victim_id].state is ServerState.DRAINING
+        await lab.run(2, 3, draining=0)
+        assert victim_id not in lab.manager.fleet.servers  # drained now: terminated
+
+    run(scenario)
+
+
 def test_a_drain_times_out(tmp_path: Path) -> None:
     async def scenario() -> None:
         lab = Lab(tmp_path, CONFIG.replace("drain_timeout: 60", "drain_timeout: 25"))
@@ -214,8 +243,10 @@ def test_failing_launches_pause_even_while_an_older_server_runs(tmp_path: Path) 
         assert len(lab.servers(ServerState.ACTIVE)) == 1
         lab.provider.failures_left = 10
         await lab.run(30, 95)  # overloaded: it keeps trying to scale out
-        assert len(lab.events("launch_failed")) == 2  # max_failed_launches, then a pause
-        assert lab.events("scaling_paused")
+        # max_failed_launches (2), a pause of 15 s, 2 more, a pause of 30 s (still on at 30 s)
+        assert len(lab.events("launch_failed")) == 4
+        paused = lab.events("scaling_paused")
+        assert [event.split("no launches for ")[1] for event in paused] == ["15 s", "30 s"]
         assert len(lab.servers(ServerState.ACTIVE)) == 1
 
     run(scenario)
@@ -224,7 +255,7 @@ def test_failing_launches_pause_even_while_an_older_server_runs(tmp_path: Path) 
 def test_a_server_that_never_reports_is_replaced(tmp_path: Path) -> None:
     async def scenario() -> None:
         lab = Lab(tmp_path)
-        await lab.run(1, 0)
+        await lab.run(2, 0)  # a reconcile, then a launch
         [first] = lab.servers()
         for _ in range(40):  # it boots but its agent never reports
             lab.clock.advance(1)
@@ -258,7 +289,7 @@ def test_cost_is_server_seconds_and_requests_served(tmp_path: Path) -> None:
 def test_restart_resumes_a_cut_launch_and_forgets_a_vanished_one(tmp_path: Path) -> None:
     async def scenario() -> None:
         lab = Lab(tmp_path)
-        await lab.run(1, 0)
+        await lab.run(2, 0)  # a reconcile, then a launch
         [booting] = lab.servers(ServerState.LAUNCHING)
         # The manager dies while the server boots; meanwhile someone deletes nothing.
         await lab.restart()
@@ -335,16 +366,16 @@ def test_reconcile_does_not_judge_a_server_on_a_listing_older_than_its_launch(
 
     async def scenario() -> None:
         lab = Lab(tmp_path)
+        await lab.run(1, 10)  # the first reconcile: nothing runs yet
         provider = lab.provider
-        listed = provider.list_owned
 
-        async def slow_list_owned() -> list[Any]:
-            snapshot = await listed()  # before the first launch: empty
-            await lab.clock.sleep(7)  # a slow, paginated, throttled listing
-            return snapshot
+        async def stale_list_owned() -> list[Any]:
+            await lab.clock.sleep(7)  # a slow, paginated, throttled listing...
+            return []  # ...taken before the launch below
 
-        provider.list_owned = slow_list_owned  # type: ignore[method-assign]
-        await lab.run(10, 10)  # the server runs at 5 s; the stale listing returns at 7 s
+        provider.list_owned = stale_list_owned  # type: ignore[method-assign]
+        lab.manager.lifecycles["www"].next_reconcile = float("-inf")  # reconcile again now
+        await lab.run(10, 10)  # launched now, runs at 5 s; the stale listing returns at 7 s
         [server] = lab.servers(ServerState.WARMING, ServerState.ACTIVE)
         assert lab.manager.fleet.servers[server].record.provider_ref in provider.machines
         assert not [e for e in lab.events("state") if "no longer exists" in e]
@@ -425,5 +456,58 @@ def test_reconcile_adopts_an_unknown_instance_that_is_still_booting(tmp_path: Pa
             await lab.manager.settle()
         assert lab.manager.fleet.servers["www-booting"].state is ServerState.WARMING
         assert stray.ref in lab.provider.machines
+
+    run(scenario)
+
+
+def test_a_manager_started_in_front_of_running_servers_adopts_them_and_launches_none(
+    tmp_path: Path,
+) -> None:
+    # Found by the simulator: the autoscaler ran in the first tick, before the first reconcile
+    # had listed the provider's servers, and launched for a pool it thought empty.
+    async def scenario() -> None:
+        lab = Lab(tmp_path, CONFIG.replace("reconcile_interval: 1000", "adopt_unknown: true"))
+        running = await lab.provider.launch(
+            LaunchRequest(server_id="www-running", pool="www", agent_token="t", manager_url="")
+        )
+        lab.clock.advance(5)  # it has booted
+        await lab.run(3, 10)
+        assert lab.servers() == ["www-running"]
+        assert list(lab.provider.machines) == [running.ref]
+        assert lab.events("scale_out") == []
+
+    run(scenario)
+
+
+def test_servers_that_never_become_healthy_pause_launching_too(tmp_path: Path) -> None:
+    # A broken image: the cloud runs every server, none ever reports. Each warm-up timeout is a
+    # failed launch, and max_failed_launches of them pause launching (they used to be counted
+    # but never paused it, so a broken image was relaunched every warming_timeout for ever).
+    async def scenario() -> None:
+        config = CONFIG.replace("boot_time: 5}", "boot_time: 5, hung_launches: 100}")
+        lab = Lab(tmp_path, config.replace("max_step: 2", "max_step: 1"))
+        await lab.run(75, 10)
+        assert len(lab.events("launch_failed")) == 2
+        assert [e.split("no launches for ")[1] for e in lab.events("scaling_paused")] == ["15 s"]
+
+    run(scenario)
+
+
+def test_a_first_reconcile_that_hangs_holds_the_autoscaler_back_only_so_long(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        lab = Lab(tmp_path)
+        hung: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+
+        async def never() -> list[Any]:
+            return await hung  # a cloud API that never answers
+
+        lab.provider.list_owned = never  # type: ignore[method-assign]
+        await lab.run(20, 0)
+        assert lab.servers() == []  # it waits for its first look at the provider...
+        await lab.run(12, 0)
+        assert len(lab.servers()) == 1  # ...30 s at most: min_servers launched
+        hung.cancel()
 
     run(scenario)

@@ -375,3 +375,26 @@ def test_cluster_config_mistakes_are_reported(
     )
     with pytest.raises(ConfigError, match=r"but cluster .vip-1. has vip 10\.9\.0\.1"):
         load_manager_config(path)
+
+
+def test_a_server_that_starts_serving_later_ramps_up_over_slow_start(tmp_path: Path) -> None:
+    # Found by the simulator running the real manager: plans were built with a wall time of 0,
+    # so every member was "serving for" minus fifty years and stuck at the slow start's floor
+    # (1/20 of its weight, alike for all): a new server got its full share at once.
+    lab = Lab(tmp_path, CONFIG.replace("slow_start: 0", "slow_start: 30"))
+    lab.report("s1", 10)
+    lab.report("s2", 10)
+    lab.step()
+    for _ in range(40):
+        lab.report("s1", 10)
+        lab.report("s2", 10)
+        lab.step()
+    lab.report_all(10)
+    lab.step()
+    weights = {server: weight for server, (_, weight, _) in lab.members().items()}
+    assert weights["s1"] == weights["s2"] == 90.0  # serving for 40 s: past the ramp
+    assert 0.05 * 90.0 <= weights["s3"] <= 90.0 / 15  # serving for 0-1 s of 30
+    for _ in range(15):
+        lab.report_all(10)
+        lab.step()
+    assert lab.members()["s3"][1] == pytest.approx(45.0, abs=3.5)  # half way up the ramp

@@ -39,6 +39,7 @@ def test_plan_members_by_state_and_the_plan_figures(tmp_path: Path) -> None:
         assert "dnslb_pool_plan_members" not in before  # no plan yet: nothing to count
         assert "dnslb_plan_store_up" not in before  # nothing tried yet
         await lab.ready()
+        await lab.step(seconds=3)  # the auto pool's first server launches and reports
         await lab.control.act("s2", AdminAction.PAUSE, "alerting test")
         await lab.step(load=lambda server: 95 if server == "s3" else 30)
         samples = await scrape(lab)

@@ -610,7 +610,7 @@ def test_a_crash_between_create_and_record_is_recovered_after_restart(
             raise asyncio.CancelledError
 
         monkeypatch.setattr(provider, "launch", launch_then_die)
-        await lab.run(1, 0)
+        await lab.run(2, 0)  # a reconcile, then the launch
         [server] = lab.servers(ServerState.LAUNCHING)
         await lab.restart()
         await lab.run(int(cloud.boot_time) + 3, 20)

@@ -70,7 +70,7 @@ def test_the_txt_answer_says_the_plan_and_every_member(plan_path: Path, abi: int
     records = txt(backend, abi=abi)
     assert {r["type"] for r in records} == {"TXT"}
     assert {r["ttl"] for r in records} == {0}  # never cached
-    assert {r["scope"] for r in records} == {32 if abi >= 3 else 0}
+    assert {r["scope"] for r in records} == {1 if abi >= 3 else 0}
     lines = [strings(r["content"]).decode() for r in records]
     assert lines[0] == (
         "dnslb plan v7 generated - stale no; k 2 ttl_floor 5 fallback fail_open; 6 members"
