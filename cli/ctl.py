@@ -104,6 +104,15 @@ class Client:
             ) from None
         if response.status_code >= 400:
             raise _refusal(response)
+        if response.is_redirect:
+            # A standby manager sends writes to the leader. Not followed: the token would go
+            # wherever a Location says; the operator chooses where it goes.
+            leader = response.headers.get("location", "")
+            raise CtlError(
+                f"{self.url} is a standby manager; the leader is at {leader or 'an unknown URL'}: "
+                "run the command against the leader (--url)",
+                EXIT_REFUSED,
+            )
         if not response.content:
             return None
         try:

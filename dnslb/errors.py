@@ -16,6 +16,7 @@
     |   +-- RedisConnectionError  no connection, or it was lost; also a ConnectionError
     |       +-- RedisBackoffError no new attempt until the back-off ends
     +-- dnslb.fuzzing.Finding     a fuzzed boundary broke its contract
+    +-- dnslb.geoip.GeoIpError    a MaxMind-format database cannot be read
     +-- manager.providers.base.ProviderError     a cloud call failed (``retryable`` or not)
     +-- manager.ingest.Rejected                 an agent's report was refused (its HTTP status)
     +-- manager.clusters.VersionsExhausted      a cluster has no dispatch table version left

@@ -7,9 +7,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from cli.ctl import EXIT_AUTH, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, show_events
+from cli.ctl import (
+    EXIT_AUTH,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Client,
+    CtlError,
+    show_events,
+)
 from cli.main import main
 from daemons.process import free_port
 from tests.api_support import ADMIN, AGENT, READ, RunningManager, running_manager
@@ -187,3 +197,21 @@ def test_events_show_a_state_change_by_its_states() -> None:
     assert header.split() == ["ID", "TIME", "KIND", "POOL", "SERVER", "CHANGE", "REASON"]
     assert "s1" in change and "warming -> active" in change and change.endswith("reporting")
     assert " - " in scale and scale.endswith("1: mean utilization 0.90")
+
+
+def test_a_write_sent_to_a_standby_names_the_leader_and_fails() -> None:
+    # A standby answers writes with 307 and no body: ctl used to take that for success.
+    def standby(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            307, headers={"location": f"https://leader.test:8700{request.url.path}"}
+        )
+
+    transport = httpx.MockTransport(standby)
+    with (
+        Client("https://standby.test:8700", "t", transport=transport) as client,
+        pytest.raises(CtlError) as refused,
+    ):
+        client.request("POST", "/v1/servers/s1/actions", body={"action": "pause"})
+    assert "standby" in str(refused.value)
+    assert "https://leader.test:8700/v1/servers/s1/actions" in str(refused.value)
+    assert refused.value.exit_status == EXIT_REFUSED
