@@ -159,9 +159,11 @@ def checks(rows: Sequence[RunResult]) -> str:
 def scenario_path(name: str) -> Path:
     """A scenario file by path, or by the name of a shipped one (``step-load``)."""
     path = Path(name)
-    if path.exists() or path.suffix in (".yaml", ".yml"):
-        return path if path.exists() else SCENARIO_DIR / path.name
-    return SCENARIO_DIR / f"{name}.yaml"
+    if path.is_file():
+        return path
+    if path.suffix in (".yaml", ".yml"):
+        return SCENARIO_DIR / path.name
+    return SCENARIO_DIR / f"{name}.yaml"  # a shipped name, even beside a directory of that name
 
 
 def main(
