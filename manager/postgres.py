@@ -38,6 +38,7 @@ from manager.state import (
     PRUNE_INTERVAL,
     ServerRecord,
     Store,
+    server_row,
 )
 
 log = logging.getLogger("dnslb.manager.postgres")
@@ -295,24 +296,7 @@ class PostgresStateStore(Store):
             "excluded.admin_paused, excluded.created_at, excluded.serving_since, "
             "excluded.terminated_at, excluded.max_concurrency, excluded.token_hash, "
             "excluded.provider_ref, excluded.data)",
-            (
-                record.id,
-                record.pool,
-                record.address,
-                record.check_address,
-                record.origin,
-                record.state.value,
-                record.state_reason,
-                record.state_since,
-                record.admin_paused,
-                record.created_at,
-                record.serving_since,
-                record.terminated_at,
-                record.max_concurrency,
-                record.token_hash,
-                record.provider_ref,
-                json.dumps(record.data, sort_keys=True),
-            ),
+            server_row(record),
         )
 
     def load_servers(self) -> list[ServerRecord]:
@@ -324,14 +308,7 @@ class PostgresStateStore(Store):
         if len(rows) > MAX_SERVERS:
             log.error("the state database holds over %d servers; the rest are ignored", MAX_SERVERS)
             rows = rows[:MAX_SERVERS]
-        records = []
-        for row in rows:
-            record = _record_of(row)
-            if record is None:
-                self._skipped("server", row[0])
-                continue
-            records.append(record)
-        return records
+        return self._records(rows)
 
     def load_servers_of(self, pool: str) -> list[ServerRecord]:
         """Every server a pool ever had, terminated ones included (through the pool index)."""
@@ -340,6 +317,10 @@ class PostgresStateStore(Store):
             "WHERE pool = %s ORDER BY created_at, id LIMIT %s",
             (pool, MAX_SERVERS),
         )
+        return self._records(rows)
+
+    def _records(self, rows: list[tuple[Any, ...]]) -> list[ServerRecord]:
+        """The servers of ``rows``; a row this store did not write is skipped and logged."""
         records = []
         for row in rows:
             record = _record_of(row)

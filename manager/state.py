@@ -47,6 +47,29 @@ log = logging.getLogger("dnslb.manager.state")
 
 SCHEMA_VERSION = 2
 
+
+def server_row(record: ServerRecord) -> tuple[object, ...]:
+    """A server as a row of the servers table, in its columns' order (both stores)."""
+    return (
+        record.id,
+        record.pool,
+        record.address,
+        record.check_address,
+        record.origin,
+        record.state.value,
+        record.state_reason,
+        record.state_since,
+        record.admin_paused,
+        record.created_at,
+        record.serving_since,
+        record.terminated_at,
+        record.max_concurrency,
+        record.token_hash,
+        record.provider_ref,
+        json.dumps(record.data, sort_keys=True),
+    )
+
+
 _SERVERS = (
     "SELECT id, pool, address, check_address, origin, state, state_reason, state_since, "
     "admin_paused, created_at, serving_since, terminated_at, max_concurrency, "
@@ -348,24 +371,7 @@ class StateStore(Store):
             "state_reason, state_since, admin_paused, created_at, serving_since, terminated_at, "
             "max_concurrency, token_hash, provider_ref, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.id,
-                record.pool,
-                record.address,
-                record.check_address,
-                record.origin,
-                record.state.value,
-                record.state_reason,
-                record.state_since,
-                int(record.admin_paused),
-                record.created_at,
-                record.serving_since,
-                record.terminated_at,
-                record.max_concurrency,
-                record.token_hash,
-                record.provider_ref,
-                json.dumps(record.data, sort_keys=True),
-            ),
+            server_row(record),
         )
 
     def load_servers(self) -> list[ServerRecord]:
