@@ -54,7 +54,7 @@ from evaluation.columns import (
 )
 from manager.providers.base import Instance
 from sim.metrics import RunResult
-from sim.product import BASE, POOL_NAME, Product
+from sim.product import BASE, POOL_NAME, Product, StaticServer, static_servers
 from sim.scenario import Scenario
 
 __all__ = ["POOL_NAME", "Simulation", "simulate"]
@@ -76,6 +76,8 @@ class _Server:
     terminated_at: float | None = None
     dead: bool = False  # crashed or terminated: neither serves nor reports
     silent: bool = False  # its agent does not report (the server serves on)
+    static: bool = False  # a configured member (topology scenarios), not a cloud machine
+    location: int = 0  # index in the scenario's locations
     slots: list[float] = field(default_factory=list)  # when each worker slot frees
     out: list[tuple[float, int, float]] = field(default_factory=list)  # (finish, user, started)
     served: int = 0
@@ -117,8 +119,14 @@ class Simulation:
         self.ignores = [self.rng_users.random() < scenario.clients.ignore_ttl for _ in range(users)]
         self.pin_server = [-1] * users
         self.pin_until = [0.0] * users
+        # Where in its resolver's answer a user's request started: its retries go on from there
+        # (they used to take a fresh turn of a rotating resolver's order, and could come back to
+        # the same dead address again and again until the request timed out).
+        self.first_position = [0] * users
         resolvers = scenario.resolvers.count
         self.resolver_of = _resolver_of(users, scenario, self.rng_users)
+        self.resolver_location = _resolver_locations(scenario)
+        self.user_location = [self.resolver_location[r] for r in self.resolver_of]
         self.res_answer: list[tuple[int, ...]] = [()] * resolvers
         self.res_expires = [-math.inf] * resolvers
         self.res_turn = [0] * resolvers
@@ -142,6 +150,9 @@ class Simulation:
         self.struck: list[str] = []  # ids of the servers faults struck
         self._store_outages: list[int] = []
         self.failed_on_termination = 0
+        self.failed_on_crash = 0  # requests in progress on crashed servers
+        self.failed_nodata = 0  # requests that found no address in their resolver's answer
+        self.served_local = 0  # requests served in the user's own location
         self.sent_to_terminated = 0  # connections of TTL-honouring users to terminated servers
         self.deaf_ticks = 0  # ticks whose reports do not reach the manager
         self.orphans = 0
@@ -163,6 +174,8 @@ class Simulation:
                         ref, machine.instance, machine.token, machine.created_at, machine.ready_at
                     )
         for server in self.servers:
+            if server.static:
+                continue
             if server.terminated_at is None and server.ref not in machines:
                 if not server.dead:  # a crashed server's requests failed when it crashed
                     self.failed_on_termination += self._fail_requests(server, now)
@@ -192,6 +205,30 @@ class Simulation:
         self.by_ref[ref] = server
         self.by_address[server.address] = index
 
+    def _add_static(self, member: StaticServer, now: float) -> None:
+        """A configured member of a topology scenario: serving from the start, never launched
+        or terminated by the cloud."""
+        config = self.scenario.servers
+        index = len(self.servers)
+        spread = config.speed_spread
+        speed = 1.0 + spread * (2.0 * self.rng_servers.random() - 1.0) if spread else 1.0
+        server = _Server(
+            index=index,
+            ref=member.id,
+            id=member.id,
+            token=member.token,
+            address=member.address,
+            capacity=config.max_concurrency,
+            slowness=1.0 / speed,
+            created_at=now,
+            ready_at=now,
+            static=True,
+            location=member.location,
+        )
+        server.reset_queues()
+        self.servers.append(server)
+        self.by_address[server.address] = index
+
     def _fail_requests(self, server: _Server, now: float) -> int:
         """``server`` stops at ``now``: requests still in progress there fail; their users
         see the error now and come back after a think time. Returns how many failed."""
@@ -211,6 +248,8 @@ class Simulation:
             self.tick_response[slot] -= response
             self.tick_requests[slot] -= 1
             server.served -= 1
+            if server.location == self.user_location[user]:
+                self.served_local -= 1
             self.failed += 1
             failed += 1
             self.gen[user] += 1
@@ -228,7 +267,7 @@ class Simulation:
         """Resolver ``resolver`` missed its cache: it asks the DNS (the pipe backend answers)
         and caches the answer for its TTL."""
         assert self.product is not None
-        addresses, ttl = self.product.answer()
+        addresses, ttl = self.product.answer(_resolver_address(resolver, self.resolver_location))
         by_address = self.by_address
         self.res_answer[resolver] = tuple(
             by_address[address] for address in addresses if address in by_address
@@ -271,6 +310,7 @@ class Simulation:
         res_answer = self.res_answer
         res_expires = self.res_expires
         res_turn = self.res_turn
+        first_position = self.first_position
         histogram = self.histogram
         tick_response = self.tick_response
         tick_requests = self.tick_requests
@@ -290,6 +330,10 @@ class Simulation:
         sigma = math.sqrt(math.log(1.0 + service.cv**2))
         mu = math.log(mean) - sigma * sigma / 2.0
         inv_step = HISTOGRAM_SCALE
+        topology = scenario.topology
+        penalty = topology.penalty if topology is not None else 0.0
+        user_location = self.user_location
+        served_local = self.served_local
         inv_tick = 1.0 / scenario.manager.tick
         user_random = self.rng_users.random
         service_random = self.rng_service.random
@@ -325,18 +369,22 @@ class Simulation:
                     count = len(answer)
                     if not count:  # NODATA: no address at all
                         failed += 1
+                        self.failed_nodata += 1
                         attempt[user] = 0
                         wait = -think * log(1.0 - user_random())
                         heappush(events, (now + retry_after[0] + wait, user, generation))
                         continue
-                    if shuffled:
-                        position = int(user_random() * count)
+                    tries = attempt[user]
+                    if tries:  # a retry: the next address of the order the user was given
+                        position = first_position[user]
+                    elif shuffled:
+                        position = first_position[user] = int(user_random() * count)
                     elif cyclic:
-                        position = res_turn[resolver]
+                        position = first_position[user] = res_turn[resolver]
                         res_turn[resolver] = position + 1
                     else:
-                        position = 0
-                    target = answer[(position + attempt[user]) % count]
+                        position = first_position[user] = 0
+                    target = answer[(position + tries) % count]
                     if ignores[user]:
                         pin_server[user] = target
                         pin_until[user] = now + hold
@@ -361,8 +409,13 @@ class Simulation:
                     finish = start + work * server.slowness
                     heapreplace(slots, finish)
                     started = first_at[user]
-                    heappush(out, (finish, user, started))
-                    response = finish - started
+                    origin = started  # the response is counted from here
+                    if server.location == user_location[user]:
+                        served_local += 1
+                    elif penalty:
+                        origin -= penalty  # the way there and back, across locations
+                    heappush(out, (finish, user, origin))
+                    response = finish - origin
                     if response > timeout:  # noqa: PLR1730  (as above)
                         response = timeout
                     histogram[int(response * inv_step)] += 1
@@ -395,6 +448,7 @@ class Simulation:
             heappush(events, (now + wait, user, generation))
         self.total_response = total
         self.failed = failed
+        self.served_local = served_local
         self.events_done += done
 
     # -- the manager --------------------------------------------------------------------------
@@ -472,7 +526,7 @@ class Simulation:
             victims = self._targets(failure.servers, failure.target)
             self.struck += [server.id for server in victims]
             for server in victims:
-                self._fail_requests(server, now)
+                self.failed_on_crash += self._fail_requests(server, now)
                 server.dead = True
             return victims
         if failure.kind == "silent_agent":
@@ -527,6 +581,8 @@ class Simulation:
         run starts with it serving, as the paper's did). Tests step on with :meth:`step`."""
         tick = self.scenario.manager.tick
         self.product = product = Product(self.scenario, self.seed, workdir)
+        for member in static_servers(self.scenario):
+            self._add_static(member, -product.warmup)
         ticks = math.ceil(product.warmup / tick)
         for number in range(ticks, 0, -1):
             await self._tick(-number * tick, measure=False)
@@ -627,6 +683,10 @@ class Simulation:
             simulated=end,
             events=self.events_done,
             failed_on_termination=self.failed_on_termination,
+            failed_on_crash=self.failed_on_crash,
+            in_location=self.served_local / stats.count
+            if self.scenario.topology is not None and stats.count
+            else math.nan,
             sent_to_terminated=self.sent_to_terminated,
             orphans=self.orphans,
             double_launches=self.double_launches,
@@ -654,6 +714,29 @@ class Simulation:
                 for i in range(count)
             ),
         )
+
+
+def _resolver_locations(scenario: Scenario) -> list[int]:
+    """Each resolver's location (index): resolvers split by the locations' users' shares, in
+    order (0 for every resolver without a topology)."""
+    count = scenario.resolvers.count
+    topology = scenario.topology
+    if topology is None:
+        return [0] * count
+    bounds = []
+    total = 0.0
+    for location in topology.locations:
+        total += location.users
+        bounds.append(total)
+    return [
+        next((i for i, bound in enumerate(bounds) if (r + 0.5) / count < bound), len(bounds) - 1)
+        for r in range(count)
+    ]
+
+
+def _resolver_address(resolver: int, locations: list[int]) -> str:
+    """A resolver's address, in its location's client network (sim.product.client_network)."""
+    return f"10.{100 + locations[resolver]}.{resolver >> 8 & 255}.{resolver & 255}"
 
 
 def _resolver_of(users: int, scenario: Scenario, rng: random.Random) -> list[int]:

@@ -3,6 +3,7 @@ the simulator's own measures of work, and what the fault suite checks."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from evaluation.columns import CaseResult
@@ -20,3 +21,7 @@ class RunResult(CaseResult):
     sent_to_terminated: int = 0  # connections of TTL-honouring users to a terminated server
     orphans: int = 0  # servers running in the cloud at the end that the manager does not know
     double_launches: int = 0  # server ids the cloud started more than one machine for
+    # Topology scenarios: requests failed because their server crashed (the rest of ``failed``
+    # timed out or found no address), and the share of requests served in the user's location.
+    failed_on_crash: int = 0
+    in_location: float = math.nan

@@ -25,16 +25,19 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from dnslb.clock import FakeClock
-from dnslb.config import checked
+from dnslb.config import Secret, checked
 from dnslb.model import ServerState
 from dnslb.plan_store import MemoryPlanStore
 from manager.config import (
     LifecycleConfig,
     LoadedConfig,
     ManagerConfig,
+    MemberConfig,
+    NetworkConfig,
     PlanConfig,
     PoolConfig,
     StateConfig,
@@ -74,16 +77,66 @@ def quiet_logs() -> None:
         _quiet = True
 
 
+@dataclass(frozen=True, slots=True)
+class StaticServer:
+    """A configured member of a topology scenario's pool: id, agent token, address, location."""
+
+    id: str
+    token: str
+    address: str
+    location: int  # index in the scenario's locations
+
+
+def static_servers(scenario: Scenario) -> list[StaticServer]:
+    """The members of a topology scenario, location by location (ids ``east-001``...)."""
+    if scenario.topology is None:
+        return []
+    servers: list[StaticServer] = []
+    for index, location in enumerate(scenario.topology.locations):
+        for number in range(location.servers):
+            at = len(servers) + 2
+            server_id = f"{location.name}-{number + 1:03d}"
+            address = f"{NETWORK.rsplit('.', 1)[0]}.{at >> 8 & 255}.{at & 255}"
+            servers.append(StaticServer(server_id, f"sim-token-{server_id}", address, index))
+    return servers
+
+
+def client_network(location: int) -> str:
+    """The network of a topology scenario's resolvers in ``location`` (10.100.0.0/16...)."""
+    return f"10.{100 + location}.0.0/16"
+
+
 def manager_config(scenario: Scenario) -> ManagerConfig:
     """The manager's configuration for ``scenario``: one zone, one pool, its provider."""
     dns = scenario.dns
     policy = dataclasses.replace(dns.policy, pause=dns.pause and dns.policy.pause)
     if dns.all_addresses:
         policy = dataclasses.replace(policy, k=MAX_K)
+    topology = scenario.topology
+    members: tuple[MemberConfig, ...] = ()
+    networks: tuple[NetworkConfig, ...] = ()
+    if topology is not None:
+        names = [location.name for location in topology.locations]
+        members = tuple(
+            MemberConfig(
+                id=server.id,
+                address=server.address,
+                token=Secret(server.token, "sim"),
+                location=names[server.location],
+            )
+            for server in static_servers(scenario)
+        )
+        if topology.aware:
+            networks = tuple(
+                NetworkConfig(network=client_network(index), location=name)
+                for index, name in enumerate(names)
+            )
     pool = PoolConfig(
         name=POOL,
         zone=ZONE,
         policy=policy,
+        members=members,
+        networks=networks,
         provider=MemoryProviderConfig(
             type="memory", boot_time=scenario.servers.boot_delay, network=NETWORK
         ),
@@ -119,7 +172,8 @@ class Product:
         self.account = MemoryAccount()
         self.store = MemoryPlanStore(clock=self.clock.time)
         self.launched = 0
-        for number in range(scenario.servers.initial):
+        initial = 0 if scenario.topology is not None else scenario.servers.initial  # members
+        for number in range(initial):
             request = LaunchRequest(
                 server_id=f"{POOL}-initial-{number + 1:05d}",
                 pool=POOL,
@@ -135,7 +189,9 @@ class Product:
             monotonic=self.clock.monotonic,
             wall=self.clock.time,
         )
-        self.backend.handle(b"HELO\t1")
+        # ABI 3 when clients have locations: its queries carry the client's ECS subnet.
+        self.abi = 3 if scenario.topology is not None else 1
+        self.backend.handle(f"HELO\t{self.abi}".encode())
         self._seq = 0
         self.restarts = 0
         self.refused: Counter[str] = Counter()  # reports the manager refused, by reason
@@ -213,18 +269,26 @@ class Product:
 
     # -- DNS ------------------------------------------------------------------------------------
 
-    def answer(self) -> tuple[list[str], int]:
+    def answer(self, client: str | None = None) -> tuple[list[str], int]:
         """One query for the pool's A records, answered by the pipe backend: the addresses in
-        answer order and the answer's TTL (the least of its records')."""
-        reply = self.backend.handle(_QUERY)
+        answer order and the answer's TTL (the least of its records'). ``client``: the
+        resolver's address, sent as the remote and as the ECS subnet (its /24; ABI 3)."""
+        if self.abi >= 3:
+            remote = client or "192.0.2.1"
+            subnet = remote.rsplit(".", 1)[0] + ".0/24"
+            query = f"Q\t{POOL_NAME[:-1]}\tIN\tA\t-1\t{remote}\t192.0.2.53\t{subnet}".encode()
+            ttl_field, content_field = 6, 8
+        else:
+            query, ttl_field, content_field = _QUERY, 4, 6
+        reply = self.backend.handle(query)
         addresses: list[str] = []
         ttl = 0
         for line in reply.split(b"\n"):
             if line.startswith(b"DATA\t"):
                 fields = line.split(b"\t")
-                record_ttl = int(fields[4])
+                record_ttl = int(fields[ttl_field])
                 ttl = record_ttl if not addresses else min(ttl, record_ttl)
-                addresses.append(fields[6].decode())
+                addresses.append(fields[content_field].decode())
         return addresses, ttl
 
     # -- what the manager thinks ----------------------------------------------------------------

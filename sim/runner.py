@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -131,6 +132,18 @@ def run_files(
     return report
 
 
+def locations(rows: Sequence[RunResult]) -> list[str]:
+    """For scenarios with locations: the share of requests served in the user's location, and
+    the failed requests that were not in progress on a crashed server."""
+    lines = [
+        f"  {row.name}: {row.in_location:.1%} served in the client's location; "
+        f"{row.failed - row.failed_on_crash} failed besides those on crashed servers"
+        for row in rows
+        if not math.isnan(row.in_location)
+    ]
+    return ["locations:", *lines] if lines else []
+
+
 def checks(rows: Sequence[RunResult]) -> str:
     """What must never happen, per case: requests failed on servers the manager terminated
     (a drain that ended too early), servers running that it does not know, double launches."""
@@ -205,7 +218,7 @@ def main(
     text = []
     markdown = []
     for file, rows in report:
-        text.append(table(rows, title=file.title) + "\n" + checks(rows))
+        text.append("\n".join([table(rows, title=file.title), *locations(rows), checks(rows)]))
         markdown.append(f"### {file.title}\n\n{markdown_table(rows)}")
     runs = sum(len(file.scenarios) for file in files) * repeat
     footer = f"{runs} runs in {elapsed:.1f} s"

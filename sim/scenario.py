@@ -252,6 +252,36 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class LocationConfig:
+    """One region or site: its share of the users and the servers it starts with."""
+
+    name: str = setting(help="location name (a pool network's and its members' location)")
+    users: float = setting(help="share of the users (and resolvers) there", min=0.0, max=1.0)
+    servers: int = setting(help="servers there, serving at the start", min=0)
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyConfig:
+    """Users and servers in several locations (a fixed pool of static members, each with its
+    location; resolvers send the ECS subnet of their location's network)."""
+
+    locations: tuple[LocationConfig, ...] = setting(help="the locations, at least two")
+    penalty: float = setting(
+        0.02, help="seconds added to a response served from another location", min=0.0
+    )
+    aware: bool = setting(
+        True, help="the pool maps client networks to locations (false: location-blind answers)"
+    )
+
+    def config_problems(self) -> Iterator[str]:
+        names = [location.name for location in self.locations]
+        if len(names) < 2 or len(set(names)) != len(names):
+            yield "locations: give two or more, with different names"
+        if abs(sum(location.users for location in self.locations) - 1.0) > 1e-6:
+            yield "locations: the users' shares must add up to 1"
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """One simulation run."""
 
@@ -269,6 +299,9 @@ class Scenario:
         None, help="the autoscaler (null: a fixed pool of servers.initial servers)"
     )
     failures: tuple[Failure, ...] = setting((), help="faults: crashes, silent agents...")
+    topology: TopologyConfig | None = setting(
+        None, help="users and servers in several locations (null: one place)"
+    )
     balance_window: float = setting(
         10.0, help="seconds over which utilization is averaged to compare servers", min=1.0
     )
@@ -276,6 +309,15 @@ class Scenario:
     def config_problems(self) -> Iterator[str]:
         if self.servers.initial == 0 and (self.scaling is None or self.scaling.min_servers == 0):
             yield "no servers: set servers.initial or scaling.min_servers"
+        if self.topology is not None:
+            servers = sum(location.servers for location in self.topology.locations)
+            if servers != self.servers.initial:
+                yield (
+                    f"topology: the locations' servers ({servers}) must be servers.initial "
+                    f"({self.servers.initial})"
+                )
+            if self.scaling is not None:
+                yield "topology: a fixed pool only (launched servers would all take one location)"
         for failure in self.failures:
             if failure.at >= self.duration:
                 yield f"failure at {failure.at:g} s is after the end ({self.duration:g} s)"

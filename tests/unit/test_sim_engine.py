@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dnslb.errors import ConfigError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState
 from sim.engine import Simulation, simulate
@@ -326,3 +327,46 @@ def test_the_fault_suite_finds_no_orphan_no_double_launch_no_early_termination(c
     assert result.peak_servers > 3  # the jump made it scale out, fault or not
     if case == "manager restart mid scale-out":
         assert simulation.product.restarts == 1
+
+
+TWO_LOCATIONS = """
+name: two locations
+duration: 120
+load: {steps: [{at: 0, clients: 1000}]}
+clients: {think_time: 5.0}
+resolvers: {count: 40}
+servers: {initial: 4, max_concurrency: 50, service: {mean: 0.2}}
+topology:
+  locations:
+    - {name: east, users: 0.5, servers: 2}
+    - {name: west, users: 0.5, servers: 2}
+  penalty: 0.05
+"""
+
+
+def test_answers_by_the_clients_location_through_their_ecs_subnet() -> None:
+    aware = simulate(scenario(TWO_LOCATIONS), seed=1)
+    blind = simulate(scenario(TWO_LOCATIONS + "  aware: false\n"), seed=1)
+    assert aware.in_location == 1.0  # every client answered with its own location's servers
+    assert 0.35 < blind.in_location < 0.65  # location-blind: about half
+    # Half the blind pool's requests pay the 50 ms penalty: about 25 ms more on average.
+    assert blind.mean_response - aware.mean_response == pytest.approx(0.025, abs=0.01)
+
+
+def test_a_location_that_loses_half_its_servers_spills_over_without_failures() -> None:
+    text = TWO_LOCATIONS.replace("duration: 120", "duration: 240").replace(
+        "clients: 1000", "clients: 2400"
+    )
+    simulation = Simulation(scenario(text + "failures: [{at: 60, servers: 1}]\n"), seed=1)
+    result = simulation.run()
+    assert simulation.struck == ["east-001"]
+    assert result.failed == result.failed_on_crash  # only what was in progress on it
+    assert result.in_location < 0.99  # east's excess went west...
+    assert result.in_location > 0.8  # ...not all of east's clients
+
+
+def test_a_topology_needs_its_servers_and_a_fixed_pool() -> None:
+    with pytest.raises(ConfigError) as refused:
+        scenario(TWO_LOCATIONS.replace("initial: 4", "initial: 5") + "scaling: {}\n")
+    assert any("must be servers.initial (5)" in problem for problem in refused.value.problems)
+    assert any("a fixed pool only" in problem for problem in refused.value.problems)
