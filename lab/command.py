@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from dnslb import logs
 from dnslb.config import checked, default_of
 from dnslb.errors import ConfigError
-from lab.experiments import ExperimentPlan
+from lab.experiments import PRESETS, ExperimentPlan
 from lab.loadtest.run import LoadTest
 from lab.loadtest.shape import StepLoad
 from lab.objects import ObjectCatalog
@@ -43,6 +43,8 @@ LAB_OPTIONS = {
     "http_port": "--http-port",
     "origin_port": "--origin-port",
     "network": "--network",
+    "resolvers": "--resolvers",
+    "resolver_network": "--resolver-network",
     "boot_delay": "--boot-delay",
     "scaling.boot_time": "--boot-delay",
     "scaling.min_servers": "--min-servers",
@@ -79,6 +81,7 @@ EXPERIMENT_OPTIONS = {
     "cases": "--cases",
     "case_duration": "--case-duration",
     "peak_users": "--peak-users",
+    "repeats": "--repeats",
     **{f"lab.{field}": option for field, option in LAB_OPTIONS.items()},
 }
 """The fields of :class:`ExperimentPlan` (and the case selection) ``dnslb experiments`` fills."""
@@ -222,6 +225,24 @@ def add_lab_ports(parser: argparse.ArgumentParser) -> None:
         default=default("scaling").max_servers,
         help="autoscaling ceiling (%(default)s)",
     )
+    parser.add_argument(
+        "--resolvers",
+        type=int,
+        default=default("resolvers"),
+        help="caching resolvers (unbound) between users and pdns; 0: none (%(default)s)",
+    )
+    parser.add_argument(
+        "--resolver-network",
+        default=default("resolver_network"),
+        help="resolvers' addresses NETWORK.1, .2... at the DNS port (%(default)s)",
+    )
+    parser.add_argument(
+        "--rrset-roundrobin",
+        action=argparse.BooleanOptionalAction,
+        default=default("rrset_roundrobin"),
+        help="resolvers rotate a cached answer's order for each client (default: keep "
+        "pdns's order)",
+    )
 
 
 def lab_settings(args: argparse.Namespace) -> LabSettings:
@@ -248,6 +269,9 @@ def lab_settings(args: argparse.Namespace) -> LabSettings:
         origin_port=args.origin_port,
         network=getattr(args, "network", base.network),
         boot_delay=args.boot_delay,
+        resolvers=args.resolvers,
+        resolver_network=args.resolver_network,
+        rrset_roundrobin=args.rrset_roundrobin,
         policy=dataclasses.replace(base.policy, **given),
         scaling=scaling,
     )
@@ -323,6 +347,18 @@ def add_loadtest_arguments(parser: argparse.ArgumentParser) -> None:
         default=test("request_timeout"),
         help="a user gives up after (%(default)s s)",
     )
+    parser.add_argument(
+        "--user-cache",
+        action=argparse.BooleanOptionalAction,
+        default=test("user_cache"),
+        help="each user keeps its answer for the TTL itself (default); --no-user-cache: it "
+        "asks its resolver before every request",
+    )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="users ask pdns directly, not the lab's resolvers",
+    )
     parser.add_argument("--seed", type=int, help="seed of the users' random choices")
 
 
@@ -358,12 +394,13 @@ def load_test(args: argparse.Namespace, info: LabInfo) -> LoadTest:
     )
     test = LoadTest(
         out=out,
-        dns_server=f"{info.dns_address}:{info.dns_port}",
+        dns_server=info.dns_servers(direct=args.direct),
         lb_name=info.dns_name,
         http_port=info.http_port,
         objects=info.catalog.count,
         load=load,
         think_time=args.think_time,
+        user_cache=args.user_cache,
         ignore_ttl=args.ignore_ttl,
         ignore_ttl_hold=args.ignore_ttl_hold,
         connect=args.connect,
@@ -411,10 +448,22 @@ def add_experiments_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", help="results directory (default ~/.local/state/dnslb/experiments/TIME)"
     )
     parser.add_argument(
+        "--preset",
+        choices=["quick", "full"],
+        help="the headline cases: quick (2 repeats of 120 s, about 20 min) or full (5 repeats "
+        "of 300 s, about 110 min); --cases, --tables, --repeats, --case-duration then ignored",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=default("repeats"),
+        help="runs of each case, for means and 95 %% intervals (%(default)s)",
+    )
+    parser.add_argument(
         "--case-duration",
         type=float,
         default=default("case_duration"),
-        help="seconds of load per case (%(default)s)",
+        help="seconds of load per run (%(default)s)",
     )
     parser.add_argument(
         "--peak-users",
@@ -428,22 +477,30 @@ def add_experiments_arguments(parser: argparse.ArgumentParser) -> None:
         "--show", metavar="DIR", help="print the table of an earlier run's results and exit"
     )
     add_lab_ports(parser)
+    parser.set_defaults(max_servers=default("lab").scaling.max_servers)
 
 
 def run_experiments(args: argparse.Namespace) -> int:
     """The paper's cases replayed on the lab."""
     from lab.experiments import (  # noqa: PLC0415
+        ordering_lines,
         read_results,
         results_table,
         run_experiments,
         select_cases,
+        select_preset,
     )
 
     if args.show:
-        print(results_table(read_results(Path(args.show))))
+        results = read_results(Path(args.show))
+        print(results_table(results))
+        print("\n".join(["", "The paper's orderings (95 % intervals):", *ordering_lines(results)]))
         return 0
-    with _options_named(EXPERIMENT_OPTIONS):
-        cases = select_cases(args.tables, args.cases)
+    if args.preset:
+        cases = select_preset(args.preset)
+    else:
+        with _options_named(EXPERIMENT_OPTIONS):
+            cases = select_cases(args.tables, args.cases)
     return run_experiments(experiment_plan(args), cases)
 
 
@@ -451,11 +508,13 @@ def experiment_plan(args: argparse.Namespace) -> ExperimentPlan:
     """The plan ``dnslb experiments``' options ask for, checked: a problem names its option."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else default_workdir().parent / "experiments" / stamp
+    preset = PRESETS[args.preset] if getattr(args, "preset", None) else {}
     plan = ExperimentPlan(
         out=out.resolve(),
         lab=lab_settings(args),
-        case_duration=args.case_duration,
+        case_duration=preset.get("case_duration", args.case_duration),
         peak_users=args.peak_users,
+        repeats=preset.get("repeats", args.repeats),
     )
     return _checked(plan, EXPERIMENT_OPTIONS)
 

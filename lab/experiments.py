@@ -31,6 +31,7 @@ from dnslb.errors import ConfigError, DnslbError
 from evaluation.columns import CaseResult, markdown_table, table
 from lab.loadtest.run import LoadTest, run_loadtest
 from lab.loadtest.shape import StepLoad
+from lab.repeats import ci_table, orderings, summarize
 from lab.report import load_run, write_report
 from lab.runner import Lab
 from lab.settings import LabSettings
@@ -84,27 +85,55 @@ CASES: tuple[Case, ...] = (
 TABLES = ("1", "2", "3", "4")
 
 
-def results_table(results: dict[str, CaseResult], *, markdown: bool = False) -> str:
-    """One table of the paper's columns, a row per case run, in the order of :data:`CASES`."""
-    rows = [
-        dataclasses.replace(results[case.key], name=case.label)
-        for case in CASES
-        if case.key in results
-    ]
-    return markdown_table(rows) if markdown else table(rows)
+def results_table(results: dict[str, list[CaseResult]], *, markdown: bool = False) -> str:
+    """One table of the paper's columns, a row per case in the order of :data:`CASES`: with
+    one run per case its figures, with more each column's mean ±95 % interval."""
+    present = [case for case in CASES if results.get(case.key)]
+    if all(len(results[case.key]) == 1 for case in present):
+        rows = [dataclasses.replace(results[case.key][0], name=case.label) for case in present]
+        return markdown_table(rows) if markdown else table(rows)
+    text = ci_table({case.label: results[case.key] for case in present})
+    return _markdown(text) if markdown else text
 
 
-def read_results(directory: Path) -> dict[str, CaseResult]:
-    """The results a run wrote in ``directory/results.json``."""
+def _markdown(text: str) -> str:
+    lines = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
+    out = ["| " + " | ".join(lines[0]) + " |", "|" + "---|" * len(lines[0])]
+    out += ["| " + " | ".join(cells) + " |" for cells in lines[1:]]
+    return "\n".join(out)
+
+
+def ordering_lines(results: dict[str, list[CaseResult]]) -> list[str]:
+    """Which of the paper's orderings hold between the cases run (:func:`lab.repeats.orderings`)."""
+    summaries = {key: summarize(runs) for key, runs in results.items() if runs}
+    return orderings(summaries)
+
+
+def read_results(directory: Path) -> dict[str, list[CaseResult]]:
+    """The results a run wrote in ``directory/results.json`` (case key -> its runs; an older
+    file's single run per case too)."""
     try:
         document = json.loads((directory / "results.json").read_text())
         fields = {field.name for field in dataclasses.fields(CaseResult)}
-        return {
-            key: CaseResult(**{k: v for k, v in values.items() if k in fields})
-            for key, values in document["cases"].items()
-        }
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        cases: dict[str, list[CaseResult]] = {}
+        for key, stored in document["cases"].items():
+            runs = stored if isinstance(stored, list) else [stored]
+            cases[key] = [
+                CaseResult(**{k: v for k, v in values.items() if k in fields}) for values in runs
+            ]
+        return cases
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError("experiments", [f"{directory}/results.json: {exc}"]) from None
+
+
+SERVERS = 10
+"""The experiments' autoscaling ceiling: the paper's 10 cache servers."""
+
+
+def experiment_lab() -> LabSettings:
+    """The lab every case runs in: the lab's defaults, up to :data:`SERVERS` cache servers."""
+    lab = LabSettings()
+    return dataclasses.replace(lab, scaling=dataclasses.replace(lab.scaling, max_servers=SERVERS))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,23 +142,56 @@ class ExperimentPlan:
     delay), in a directory of its own under ``out`` (``lab.workdir`` is not used)."""
 
     out: Path = setting(help="results directory: a directory a case, results.txt/md/json")
-    lab: LabSettings = setting(default_factory=LabSettings, help="every case's lab")
-    case_duration: float = setting(
-        240.0, help="seconds of load per case (eight steps of at least a second)", min=8
+    lab: LabSettings = setting(
+        default_factory=experiment_lab, help="every case's lab (up to 10 servers)"
     )
-    peak_users: int = setting(105, help="users at the peak", min=1)
+    case_duration: float = setting(
+        240.0, help="seconds of load per run (eight steps of at least a second)", min=8
+    )
+    peak_users: int = setting(
+        160, help="users at the peak (past 4 servers' capacity)", min=1, max=2000
+    )
+    repeats: int = setting(5, help="runs of each case (means and 95 % intervals)", min=1, max=50)
 
     @property
     def load(self) -> StepLoad:
-        """6 steps of a seventh of the peak each, a step long, then the peak held a step."""
+        """A fifth of the peak, then a fifth more every eighth of the run up to the peak at half
+        of it, held to the end: steps faster than the autoscaler (10 s of evidence, 10 s of
+        boot) catches up with, so the pool is past its capacity after each step."""
         every = self.case_duration / 8
-        step = max(1, round(self.peak_users / 7))
-        return StepLoad(start=step, step=step, every=every, count=6, hold=every)
+        step = max(1, round(self.peak_users / 5))
+        return StepLoad(start=step, step=step, every=every, count=4, hold=3 * every)
+
+    def estimate(self, cases: int) -> float:
+        """Seconds a run of ``cases`` cases takes: each repeat its load plus
+        :data:`RUN_OVERHEAD` (lab start and stop, report)."""
+        return cases * self.repeats * (self.case_duration + RUN_OVERHEAD)
 
 
-def run_case(case: Case, plan: ExperimentPlan) -> CaseResult:
-    """Run one case in a fresh lab; its files stay in ``plan.out / case.key``."""
-    directory = plan.out / case.key
+RUN_OVERHEAD = 30.0
+"""Seconds a run takes beyond its load: the lab's start (first server boots in ``boot_delay``),
+its stop, the report. Measured: 13 runs of 240 s in 55.3 min (15 s each, 4 servers); 30 s
+leaves room for 10 servers to stop and a busier machine."""
+
+HEADLINE = ("t1-a", "t2-c", "t3-c", "t4-fixed")
+"""The headline cases: plain round-robin TTL 60, round-robin TTL 30 pausing above 0.8, the
+product (k = 4), a fixed 40 s TTL with every address."""
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # 4 cases x 2 repeats x (120 + 30) s = 20 min; a run must outlast the first answer's TTL
+    # (60 s): in runs of 60 s every user kept the single first server's address throughout
+    "quick": {"cases": HEADLINE, "repeats": 2, "case_duration": 120.0},
+    # 4 cases x 5 repeats x (300 + 30) s = 110 min
+    "full": {"cases": HEADLINE, "repeats": 5, "case_duration": 300.0},
+}
+"""``--preset``: the headline cases, repeats and run length that fit 20 minutes (quick) and 2
+hours (full), by :meth:`ExperimentPlan.estimate`."""
+
+
+def run_case(case: Case, plan: ExperimentPlan, repeat: int = 1) -> CaseResult:
+    """Run one case once in a fresh lab (seed ``repeat``); its files stay in
+    ``plan.out / case.key / run-REPEAT``."""
+    directory = plan.out / case.key / f"run-{repeat}"
     settings = dataclasses.replace(
         plan.lab,
         workdir=directory / "lab",
@@ -140,12 +202,12 @@ def run_case(case: Case, plan: ExperimentPlan) -> CaseResult:
         lab.start()
         test = LoadTest(
             out=directory / "loadtest",
-            dns_server=f"127.0.0.1:{settings.dns_port}",
+            dns_server=lab.info.dns_servers() if lab.info else f"127.0.0.1:{settings.dns_port}",
             lb_name=settings.dns_name,
             http_port=settings.http_port,
             objects=settings.objects.count,
             load=plan.load,
-            seed=1,
+            seed=repeat,
             progress=0,
         )
         run_loadtest(test, quiet=True)
@@ -175,54 +237,86 @@ def select_cases(tables: str | None = None, pattern: str | None = None) -> list[
     return cases
 
 
+def select_preset(name: str) -> list[Case]:
+    """The cases of preset ``name`` (:data:`PRESETS`)."""
+    keys = PRESETS[name]["cases"]
+    return [case for case in CASES if case.key in keys]
+
+
+def eta_text(plan: ExperimentPlan, done: int, total: int, elapsed: float) -> str:
+    """How long the rest of ``total`` runs will take after ``done`` in ``elapsed`` seconds: the
+    mean run so far times the runs left (before the first: the plan's estimate)."""
+    left = total - done
+    per_run = elapsed / done if done else plan.case_duration + RUN_OVERHEAD
+    return f"ETA {left * per_run / 60:.1f} min"
+
+
 def run_experiments(plan: ExperimentPlan, cases: list[Case]) -> int:
-    """Run ``cases`` one after the other, printing progress, then one table of their results
-    (also written to ``plan.out``: results.txt, results.md, results.json); the exit status:
-    1 when a case failed (the others still ran)."""
+    """Run every case ``plan.repeats`` times (all cases once, then again: a drift of the
+    machine spreads over them), printing progress and an ETA, then one table of their means and
+    95 % intervals and which of the paper's orderings hold (also written to ``plan.out``:
+    results.txt, results.md, results.json); the exit status: 1 when a run failed (the others
+    still ran)."""
     checked(plan, "experiments")
     out = plan.out
     load = plan.load
+    total = len(cases) * plan.repeats
     print(
-        f"dnslb experiments: {len(cases)} cases of {plan.case_duration:g} s each "
-        f"({load.start} users, +{load.step} every {load.every:g} s up to {load.peak}); "
-        f"1-{plan.lab.scaling.max_servers} servers; results in {out}",
+        f"dnslb experiments: {len(cases)} cases x {plan.repeats} repeats of "
+        f"{plan.case_duration:g} s ({load.start} users, +{load.step} every {load.every:g} s up "
+        f"to {load.peak}); 1-{plan.lab.scaling.max_servers} servers, "
+        f"{plan.lab.resolvers} resolvers; about {plan.estimate(len(cases)) / 60:.0f} min; "
+        f"results in {out}",
         flush=True,
     )
     started = time.monotonic()
-    results: dict[str, CaseResult] = {}
+    results: dict[str, list[CaseResult]] = {case.key: [] for case in cases}
     failed: list[str] = []
-    for number, case in enumerate(cases, 1):
-        case_started = time.monotonic()
-        try:
-            result = run_case(case, plan)
-        except DnslbError as exc:  # one broken case must not cost the others' hour
-            failed.append(case.key)
-            print(f"{number}/{len(cases)} {case.key} failed: {exc}", file=sys.stderr, flush=True)
-            continue
-        results[case.key] = result
-        print(
-            f"[{time.monotonic() - started:6.0f} s] {number}/{len(cases)} {case.key}: "
-            f"{result.requests} requests, mean {result.mean_response:.3f} s, cost "
-            f"{result.cost:.0f}, req/cost {result.requests_per_cost:.2f} "
-            f"({time.monotonic() - case_started:.0f} s)",
-            flush=True,
-        )
+    done = 0
+    for repeat in range(1, plan.repeats + 1):
+        for case in cases:
+            run_started = time.monotonic()
+            try:
+                result = run_case(case, plan, repeat)
+            except DnslbError as exc:  # one broken run must not cost the others' hour
+                failed.append(f"{case.key}/run-{repeat}")
+                print(f"{case.key} run {repeat} failed: {exc}", file=sys.stderr, flush=True)
+                result = None
+            done += 1
+            elapsed = time.monotonic() - started
+            if result is not None:
+                results[case.key].append(result)
+                print(
+                    f"[{elapsed:6.0f} s] {done}/{total} {case.key} run {repeat}: "
+                    f"{result.requests} requests, mean {result.mean_response:.3f} s, "
+                    f"3-9 s {result.from_3_to_9 * 100:.2f} %, 9-60 s "
+                    f"{result.from_9_to_60 * 100:.2f} %, cost {result.cost:.0f} "
+                    f"({time.monotonic() - run_started:.0f} s); "
+                    f"{eta_text(plan, done, total, elapsed)}",
+                    flush=True,
+                )
     elapsed = time.monotonic() - started
+    results = {key: runs for key, runs in results.items() if runs}
     text = results_table(results)
-    footer = f"{len(results)} cases in {elapsed / 60:.1f} min"
+    verdicts = ordering_lines(results)
+    footer = f"{done - len(failed)} runs of {len(cases)} cases in {elapsed / 60:.1f} min"
     if failed:
         footer += f"; failed: {', '.join(failed)} (see their directories under {out})"
-    print(f"\n{text}\n\n{footer}")
+    said = "\n".join(["", "The paper's orderings (95 % intervals):", *verdicts]) if verdicts else ""
+    print(f"\n{text}\n{said}\n\n{footer}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.txt").write_text(f"{text}\n\n{footer}\n")
-    (out / "results.md").write_text(f"{results_table(results, markdown=True)}\n\n{footer}\n")
+    (out / "results.txt").write_text(f"{text}\n{said}\n\n{footer}\n")
+    (out / "results.md").write_text(
+        f"{results_table(results, markdown=True)}\n{said}\n\n{footer}\n"
+    )
     (out / "results.json").write_text(
         json.dumps(
             {
                 "elapsed_seconds": elapsed,
                 "plan": _plan_document(plan),
                 "command": sys.argv,
-                "cases": {key: result.as_dict() for key, result in results.items()},
+                "orderings": verdicts,
+                "cases": {key: [r.as_dict() for r in runs] for key, runs in results.items()},
             },
             indent=2,
         )
@@ -238,6 +332,9 @@ def _plan_document(plan: ExperimentPlan) -> dict[str, str]:
         "out": str(plan.out),
         "case_duration": str(plan.case_duration),
         "peak_users": str(plan.peak_users),
+        "repeats": str(plan.repeats),
+        "resolvers": str(lab.resolvers),
+        "rrset_roundrobin": str(lab.rrset_roundrobin),
         "think_time": str(default_of(LoadTest, "think_time")),
         "ignore_ttl": str(default_of(LoadTest, "ignore_ttl")),
         "max_servers": str(lab.scaling.max_servers),

@@ -49,6 +49,7 @@ from dnslb.errors import ConfigError, DnslbError, PlanError, ProcessError
 from dnslb.plan import MemberState, Plan, parse_plan_json
 from lab.history import ManagerApi, ManagerHistory
 from lab.objects import ObjectCatalog
+from lab.resolvers import Resolvers, resolver_addresses
 from lab.settings import LabSettings, manager_config
 
 LAB_FILE = "lab.json"
@@ -72,6 +73,15 @@ class LabInfo:
     token_file: str
     objects: dict[str, int]
     settings: dict[str, Any]
+    resolvers: list[str] = dataclasses.field(default_factory=list)
+    """``ADDRESS:PORT`` of the lab's caching resolvers (empty: users ask pdns directly)."""
+
+    def dns_servers(self, *, direct: bool = False) -> str:
+        """What users of this lab ask: its resolvers (comma-separated), or its pdns when it runs
+        none or ``direct``."""
+        if self.resolvers and not direct:
+            return ",".join(self.resolvers)
+        return f"{self.dns_address}:{self.dns_port}"
 
     @property
     def catalog(self) -> ObjectCatalog:
@@ -118,6 +128,7 @@ class Lab:
         self.manager_log = self.workdir / "manager.log"
         self.origin_log = self.workdir / "origin.log"
         self.pdns: PdnsServer | None = None
+        self.resolvers: Resolvers | None = None
         self.manager: subprocess.Popen[bytes] | None = None
         self.origin: subprocess.Popen[bytes] | None = None
         self.info: LabInfo | None = None
@@ -144,6 +155,7 @@ class Lab:
             self._start_origin()
             self._start_manager()
             self._start_pdns()
+            self._start_resolvers()
             self._write_info()
             self._start_sampler()
             if wait_for_server:
@@ -204,6 +216,13 @@ class Lab:
                 problems.append(
                     f"{option} {port}: 127.0.0.1:{port} is in use ({'/'.join(busy)}); "
                     f"choose another port with {option}"
+                )
+        for address in resolver_addresses(settings.resolver_network, settings.resolvers):
+            busy = [k for k in ("udp", "tcp") if not port_free(address, settings.dns_port, k)]
+            if busy:
+                problems.append(
+                    f"--resolvers: {address}:{settings.dns_port} is in use ({'/'.join(busy)}); "
+                    "choose another --resolver-network or --dns-port"
                 )
         first = f"{settings.network}.1"
         if not port_free(first, settings.http_port, "tcp"):
@@ -291,6 +310,26 @@ class Lab:
         self.pdns.start(probe_name=settings.zone)
         self._step(f"PowerDNS answers on 127.0.0.1:{settings.dns_port} (pipe backend)")
 
+    def _start_resolvers(self) -> None:
+        settings = self.settings
+        if not settings.resolvers:
+            return
+        self.resolvers = Resolvers(
+            self.workdir / "resolvers",
+            count=settings.resolvers,
+            network=settings.resolver_network,
+            port=settings.dns_port,
+            zone=settings.zone,
+            upstream_port=settings.dns_port,
+            rrset_roundrobin=settings.rrset_roundrobin,
+        )
+        self.resolvers.start()
+        self._step(
+            f"{settings.resolvers} unbound resolvers answer on {settings.resolver_network}.1-"
+            f"{settings.resolvers}:{settings.dns_port} (rrset-roundrobin "
+            f"{'on' if settings.rrset_roundrobin else 'off'})"
+        )
+
     def _write_info(self) -> None:
         settings = self.settings
         document = to_document(dataclasses.replace(settings, workdir=Path()))
@@ -308,6 +347,7 @@ class Lab:
             token_file=str(self.token_path),
             objects=dataclasses.asdict(settings.objects),
             settings=document,
+            resolvers=self.resolvers.servers if self.resolvers is not None else [],
         )
         (self.workdir / LAB_FILE).write_text(self.info.to_json())
 
@@ -433,6 +473,10 @@ class Lab:
         """
         say: Callable[[str], None] = (lambda text: None) if quiet else self._step
         self._stop_sampler()
+        resolvers, self.resolvers = self.resolvers, None
+        if resolvers is not None:
+            resolvers.stop()
+            say("resolvers stopped")
         if self.pdns is not None:
             self.pdns.stop()
             self.pdns = None

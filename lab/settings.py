@@ -95,6 +95,17 @@ class LabSettings:
     )
     policy: PoolPolicy = setting(default_factory=default_policy, help="the pool's policy")
     scaling: ScalingPolicy = setting(default_factory=default_scaling, help="its autoscaling")
+    resolvers: int = setting(
+        4,
+        help="caching resolvers (unbound) users ask, on RESOLVER_NETWORK.N at the DNS port "
+        "(0: users ask pdns directly)",
+        min=0,
+        max=16,
+    )
+    resolver_network: str = setting("127.0.2", help="resolvers' addresses NETWORK.1, .2...")
+    rrset_roundrobin: bool = setting(
+        False, help="resolvers rotate a cached answer's order for each client (unbound's option)"
+    )
     sample_interval: float = setting(
         1.0, help="seconds between samples of the published plan and the manager's API", min=0.05
     )
@@ -141,6 +152,17 @@ class LabSettings:
                 yield f"network {self.network}: must be on loopback (127.x.y)"
             elif self.network == "127.0.0":
                 yield "network 127.0.0: taken by the lab's own services; use 127.0.1"
+        if self.resolvers:
+            try:
+                resolver = ipaddress.IPv4Address(f"{self.resolver_network}.1")
+            except ValueError:
+                yield f"resolver_network {self.resolver_network!r}: must be three octets"
+            else:
+                if not resolver.is_loopback or self.resolver_network in ("127.0.0", self.network):
+                    yield (
+                        f"resolver_network {self.resolver_network}: must be on loopback, "
+                        "apart from 127.0.0 and the cache servers' network"
+                    )
         if self.capacity_rps <= 0:
             yield f"capacity_rps {self.capacity_rps:g}: must be above 0"
         if self.objects.mean_size <= self.send_chunk:

@@ -1,12 +1,13 @@
 """The lab's locust load test: users that resolve the load-balanced name themselves.
 
 Each user keeps its own resolver cache (:class:`~lab.loadtest.resolver.CachingResolver`): it asks
-the lab's DNS server when its cached answer has expired (a fraction of users, ``--ignore-ttl``, keep
-their answer for ``--ignore-ttl-hold`` seconds whatever its TTL), connects to the first address
-of the answer (or a random one, ``--connect random``), fetches a random object, thinks for an
-exponentially distributed time (mean ``--think-time``) and starts again. DNS lookups are locust
-requests of their own type (``DNS``); HTTP requests are ``GET /objects/[n]``. Every request is
-also written to ``--records`` (:mod:`lab.records`) for the report.
+its DNS server (user N the N-th of ``--dns-server``'s list, modulo: one of the lab's caching
+resolvers) when its cached answer has expired (``--no-user-cache``: before every request; a
+fraction of users, ``--ignore-ttl``, keep their answer for ``--ignore-ttl-hold`` seconds whatever
+its TTL), connects to the first address of the answer (or a random one, ``--connect random``),
+fetches a random object, thinks for an exponentially distributed time (mean ``--think-time``) and
+starts again. DNS lookups are locust requests of their own type (``DNS``); HTTP requests are ``GET
+/objects/[n]``. Every request is also written to ``--records`` (:mod:`lab.records`) for the report.
 
 The load follows :class:`~lab.loadtest.shape.StepLoad` (``--start-users``, ``--step-users``,
 ``--step-time``, ``--steps``, ``--hold``). ``dnslb loadtest`` runs this file headless; by hand::
@@ -17,6 +18,8 @@ The load follows :class:`~lab.loadtest.shape.StepLoad` (``--start-users``, ``--s
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import random
 import sys
 import time
@@ -50,7 +53,14 @@ def _options(parser: Any) -> None:
     group.add_argument(
         "--dns-server",
         default=test("dns_server"),
-        help="ADDRESS:PORT (or NAME:PORT) of the lab's DNS (%(default)s)",
+        help="ADDRESS:PORT (or NAME:PORT) of the DNS server users ask; several, "
+        "comma-separated: user N asks the N-th, modulo their number (%(default)s)",
+    )
+    group.add_argument(
+        "--user-cache",
+        action=argparse.BooleanOptionalAction,
+        default=test("user_cache"),
+        help="each user keeps an answer for its TTL (--no-user-cache: asks before each request)",
     )
     group.add_argument(
         "--lb-name", default=test("lb_name"), help="the load-balanced name (%(default)s)"
@@ -185,6 +195,7 @@ events.quitting.add_listener(_quit)  # type: ignore[no-untyped-call]
 
 
 _addresses: dict[str, str] = {}
+_user_numbers = itertools.count()
 
 
 def _dns_address(server: str) -> str:
@@ -205,7 +216,11 @@ class LabUser(FastHttpUser):
     def on_start(self) -> None:
         options = self.environment.parsed_options
         assert options is not None
-        server, _, port = options.dns_server.rpartition(":")
+        # User N asks the N-th DNS server (modulo): bound to one resolver for its life.
+        self.number = next(_user_numbers)
+        servers = options.dns_server.split(",")
+        self.dns_server = servers[self.number % len(servers)]
+        server, _, port = self.dns_server.rpartition(":")
         self.lb_name = options.lb_name
         self.port = options.http_port
         self.objects = options.objects
@@ -213,6 +228,8 @@ class LabUser(FastHttpUser):
         self.connect = options.connect
         self.rng = random.Random(random.getrandbits(64))
         hold = options.ignore_ttl_hold if self.rng.random() < options.ignore_ttl else None
+        if hold is None and not options.user_cache:
+            hold = 0.0  # no cache of its own: every request asks its resolver
         self.resolver = CachingResolver(
             dns_lookup(_dns_address(server), int(port)), time.monotonic, hold=hold
         )
@@ -265,7 +282,7 @@ class LabUser(FastHttpUser):
             response_time=(time.perf_counter() - started) * 1000.0,
             response_length=length,
             exception=exception,
-            context={"ttl": ttl, "address": self.environment.parsed_options.dns_server},
+            context={"ttl": ttl, "address": self.dns_server},
             start_time=start_time,
         )
 

@@ -43,7 +43,8 @@ class LoadTest:
     out: Path = setting(help="output directory: locust's CSVs, requests.csv, loadtest.json")
     dns_server: str = setting(
         f"127.0.0.1:{default_of(LabSettings, 'dns_port')}",
-        help="ADDRESS:PORT (or NAME:PORT) of the lab's DNS",
+        help="ADDRESS:PORT (or NAME:PORT) of the DNS server users ask; several, "
+        "comma-separated: user N asks the N-th (modulo), as behind the lab's resolvers",
     )
     lb_name: str = setting(f"{LAB_POOL}.{LAB_ZONE}", help="the load-balanced name")
     http_port: int = setting(
@@ -54,6 +55,9 @@ class LoadTest:
     )
     load: StepLoad = setting(default_factory=StepLoad, help="the step load")
     think_time: float = setting(1.0, help="mean think time, seconds", min=0)
+    user_cache: bool = setting(
+        True, help="each user keeps an answer for its TTL (False: asks before every request)"
+    )
     ignore_ttl: float = setting(
         0.1, help="fraction of users ignoring TTLs, as some real clients do", min=0, max=1
     )
@@ -72,6 +76,9 @@ class LoadTest:
     def config_problems(self) -> Iterator[str]:
         if self.request_timeout <= 0:
             yield f"request_timeout: must be above 0, not {self.request_timeout:g}"
+        for server in self.dns_server.split(","):
+            if not server.rpartition(":")[2].isdigit():
+                yield f"dns_server: {server!r} is not ADDRESS:PORT"
         if self.connect not in ("first", "random"):
             yield f"connect: must be first or random, not {self.connect!r}"
 
@@ -106,6 +113,7 @@ class LoadTest:
             str(self.think_time),
             "--ignore-ttl",
             str(self.ignore_ttl),
+            "--user-cache" if self.user_cache else "--no-user-cache",
             "--ignore-ttl-hold",
             str(self.ignore_ttl_hold),
             "--connect",

@@ -58,6 +58,8 @@ def lab_settings(workdir: Path, network: str) -> LabSettings:
         http_port=free_port(),
         origin_port=free_port(),
         network=network,
+        # the caching resolvers on a network of this test's own (127.0.6 -> 127.0.106)
+        resolver_network=f"127.0.{100 + int(network.rsplit('.', 1)[1])}",
         boot_delay=1.0,
         scaling=dataclasses.replace(
             default_scaling(), max_servers=2, window=5.0, boot_time=1.0, scale_in_window=20.0

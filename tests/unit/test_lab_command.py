@@ -69,7 +69,7 @@ def test_no_option_means_the_settings_defaults(tmp_path: Path) -> None:
     assert given == LabSettings(workdir=tmp_path)
     out = tmp_path / "out"
     assert experiment_plan(parse(add_experiments_arguments, "--out", str(out))) == (
-        ExperimentPlan(out=out, lab=LabSettings())
+        ExperimentPlan(out=out)
     )
     assert origin_settings(parse(add_origin_arguments)) == OriginSettings()
     loadtest = parse(add_loadtest_arguments, "--out", str(out))
@@ -79,8 +79,11 @@ def test_no_option_means_the_settings_defaults(tmp_path: Path) -> None:
 def test_the_lab_and_experiments_agree_on_the_labs_defaults() -> None:
     lab = parse(add_lab_arguments)
     experiments = parse(add_experiments_arguments)
-    for name in ("dns_port", "api_port", "http_port", "origin_port", "boot_delay", "max_servers"):
+    shared = ("dns_port", "api_port", "http_port", "origin_port", "boot_delay", "resolvers")
+    for name in (*shared, "resolver_network", "rrset_roundrobin"):
         assert getattr(lab, name) == getattr(experiments, name), name
+    # the experiments grow the pool up to the paper's 10 servers, the lab to 4
+    assert (lab.max_servers, experiments.max_servers) == (4, 10)
 
 
 def test_the_locustfiles_options_default_to_the_load_tests_fields() -> None:

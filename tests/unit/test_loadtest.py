@@ -131,8 +131,9 @@ def test_the_locust_command_carries_every_option(tmp_path: Path) -> None:
         "load: every: must be above 0, not 0",
         "think_time: must be at least 0, not -1",
         "ignore_ttl: must be at most 1, not 2.0",
+        "dns_server: 'x' is not ADDRESS:PORT",
     ]
-    with pytest.raises(ConfigError, match="3 problems"):
+    with pytest.raises(ConfigError, match="4 problems"):
         run_loadtest(bad)
     assert list(tmp_path.iterdir()) == []  # refused before anything is written
 
