@@ -362,6 +362,10 @@ class Lab:
             self.check_running()
             serving = self.serving()
             if serving:
+                # In the plan now; every pipe backend reads it within its poll interval
+                # (0.25 s). A query answered meanwhile by one that has not would be a
+                # "no such name" that pdns then keeps for negquery-cache-ttl: wait it out.
+                time.sleep(1.0)
                 self._step(
                     f"cache server {serving[0]}:{settings.http_port} is in the answers for "
                     f"{settings.dns_name}"
