@@ -331,6 +331,7 @@ class Simulation:
         mu = math.log(mean) - sigma * sigma / 2.0
         inv_step = HISTOGRAM_SCALE
         topology = scenario.topology
+        located = topology is not None
         penalty = topology.penalty if topology is not None else 0.0
         user_location = self.user_location
         served_local = self.served_local
@@ -410,10 +411,11 @@ class Simulation:
                     heapreplace(slots, finish)
                     started = first_at[user]
                     origin = started  # the response is counted from here
-                    if server.location == user_location[user]:
-                        served_local += 1
-                    elif penalty:
-                        origin -= penalty  # the way there and back, across locations
+                    if located:
+                        if server.location == user_location[user]:
+                            served_local += 1
+                        else:
+                            origin -= penalty  # the way there and back, across locations
                     heappush(out, (finish, user, origin))
                     response = finish - origin
                     if response > timeout:  # noqa: PLR1730  (as above)
