@@ -167,7 +167,11 @@ def decide(
 
     recent = _window(history, now, policy.window)
     mean = _mean_utilization(recent)
-    if mean > policy.th_high and count < policy.max_servers and _covers(recent, now, policy.window):
+    if (
+        mean > policy.th_high
+        and count < policy.max_servers
+        and _covers(history.samples, now, policy.window)
+    ):
         projected = current.in_progress + _rise_rate(recent) * policy.boot_time
         capacity = current.capacity + current.booting
         if projected / capacity > policy.th_high:
@@ -189,7 +193,7 @@ def decide(
         booting == 0
         and count > policy.min_servers
         and len(active) > 1
-        and _covers(long, now, policy.scale_in_window)
+        and _covers(history.samples, now, policy.scale_in_window)
         and now - max(history.last_scale_in, history.last_scale_out) >= policy.scale_in_window
     ):
         long_mean = _mean_utilization(long)
@@ -210,7 +214,10 @@ def decide(
 
 
 def _covers(samples: Sequence[PoolSample], now: float, seconds: float) -> bool:
-    """True when the samples span (nearly) the whole window: no decisions on a short history."""
+    """True when the history reaches back (nearly) a whole window: no decisions on a short
+    history. All of it is looked at, not the window's samples alone: with ticks a sixth of the
+    window apart, the oldest sample inside the window was never 0.9 of it old, and a 3 s window
+    on 0.5 s ticks never scaled out."""
     return bool(samples) and now - samples[0].at >= seconds * 0.9
 
 

@@ -222,3 +222,23 @@ def test_policy_rules(text: str, problem: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(text, ScalingPolicy)
     assert problem in str(caught.value)
+
+
+def test_a_window_a_few_ticks_long_still_fills() -> None:
+    # Found by a flaky end-to-end test: ticks every 0.5 s plus the tick's own time, window 3 s.
+    # The samples inside the window were then at most 2.5 s old and never "covered" 0.9 of it,
+    # so the autoscaler never scaled out (it did only when overload reports' extra ticks
+    # happened to put a sample between 2.7 and 3 s back).
+    policy = dataclasses.replace(POLICY, window=3.0, scale_in_window=8.0)
+    history = ScalingHistory()
+    views = [
+        ServerLoadView(id="s1", active=True, in_progress=250, max_concurrency=100, started_at=0)
+    ]
+    now = 0.0
+    launched_at = None
+    while now < 10.0 and launched_at is None:
+        now += 0.502
+        history.add(sample_pool(views, now), keep=policy.scale_in_window)
+        if decide(history, views, policy, now).launch:
+            launched_at = now
+    assert launched_at is not None and launched_at <= 4.0  # the first sample was at 0.5 s
