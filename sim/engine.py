@@ -52,9 +52,8 @@ from evaluation.columns import (
     busiest_over_mean,
     paper_columns,
 )
-from manager.providers.base import Instance
 from sim.metrics import RunResult
-from sim.product import BASE, POOL_NAME, Product, StaticServer, static_servers
+from sim.product import BASE, POOL_NAME, Product, client_address, static_servers
 from sim.scenario import Scenario
 
 __all__ = ["POOL_NAME", "Simulation", "simulate"]
@@ -170,8 +169,14 @@ class Simulation:
         if len(machines) != len(self.by_ref) or any(ref not in self.by_ref for ref in machines):
             for ref, machine in machines.items():
                 if ref not in self.by_ref:
+                    instance = machine.instance
                     self._add_server(
-                        ref, machine.instance, machine.token, machine.created_at, machine.ready_at
+                        ref,
+                        instance.server_id or ref,
+                        machine.token,
+                        instance.address or "",
+                        created=machine.created_at - BASE,
+                        ready=machine.ready_at - BASE,
                     )
         for server in self.servers:
             if server.static:
@@ -183,8 +188,18 @@ class Simulation:
                 server.dead = True
 
     def _add_server(
-        self, ref: str, instance: Instance, token: str, created: float, ready: float
+        self,
+        ref: str,
+        server_id: str,
+        token: str,
+        address: str,
+        *,
+        created: float,
+        ready: float,
+        static: bool = False,
+        location: int = 0,
     ) -> None:
+        """A machine of the world: ``created`` and ``ready`` in simulated seconds."""
         config = self.scenario.servers
         index = len(self.servers)
         spread = config.speed_spread
@@ -192,41 +207,19 @@ class Simulation:
         server = _Server(
             index=index,
             ref=ref,
-            id=instance.server_id or ref,
+            id=server_id,
             token=token,
-            address=instance.address or "",
+            address=address,
             capacity=config.max_concurrency,
             slowness=1.0 / speed,
-            created_at=created - BASE,
-            ready_at=ready - BASE,
+            created_at=created,
+            ready_at=ready,
+            static=static,
+            location=location,
         )
         server.reset_queues()
         self.servers.append(server)
         self.by_ref[ref] = server
-        self.by_address[server.address] = index
-
-    def _add_static(self, member: StaticServer, now: float) -> None:
-        """A configured member of a topology scenario: serving from the start, never launched
-        or terminated by the cloud."""
-        config = self.scenario.servers
-        index = len(self.servers)
-        spread = config.speed_spread
-        speed = 1.0 + spread * (2.0 * self.rng_servers.random() - 1.0) if spread else 1.0
-        server = _Server(
-            index=index,
-            ref=member.id,
-            id=member.id,
-            token=member.token,
-            address=member.address,
-            capacity=config.max_concurrency,
-            slowness=1.0 / speed,
-            created_at=now,
-            ready_at=now,
-            static=True,
-            location=member.location,
-        )
-        server.reset_queues()
-        self.servers.append(server)
         self.by_address[server.address] = index
 
     def _fail_requests(self, server: _Server, now: float) -> int:
@@ -267,7 +260,8 @@ class Simulation:
         """Resolver ``resolver`` missed its cache: it asks the DNS (the pipe backend answers)
         and caches the answer for its TTL."""
         assert self.product is not None
-        addresses, ttl = self.product.answer(_resolver_address(resolver, self.resolver_location))
+        client = client_address(self.resolver_location[resolver], resolver)
+        addresses, ttl = self.product.answer(client)
         by_address = self.by_address
         self.res_answer[resolver] = tuple(
             by_address[address] for address in addresses if address in by_address
@@ -584,7 +578,19 @@ class Simulation:
         tick = self.scenario.manager.tick
         self.product = product = Product(self.scenario, self.seed, workdir)
         for member in static_servers(self.scenario):
-            self._add_static(member, -product.warmup)
+            # A configured member of a topology scenario: serving from the start, never
+            # launched or terminated by the cloud.
+            start = -product.warmup
+            self._add_server(
+                member.id,
+                member.id,
+                member.token,
+                member.address,
+                created=start,
+                ready=start,
+                static=True,
+                location=member.location,
+            )
         ticks = math.ceil(product.warmup / tick)
         for number in range(ticks, 0, -1):
             await self._tick(-number * tick, measure=False)
@@ -734,11 +740,6 @@ def _resolver_locations(scenario: Scenario) -> list[int]:
         next((i for i, bound in enumerate(bounds) if (r + 0.5) / count < bound), len(bounds) - 1)
         for r in range(count)
     ]
-
-
-def _resolver_address(resolver: int, locations: list[int]) -> str:
-    """A resolver's address, in its location's client network (sim.product.client_network)."""
-    return f"10.{100 + locations[resolver]}.{resolver >> 8 & 255}.{resolver & 255}"
 
 
 def _resolver_of(users: int, scenario: Scenario, rng: random.Random) -> list[int]:

@@ -106,6 +106,11 @@ def client_network(location: int) -> str:
     return f"10.{100 + location}.0.0/16"
 
 
+def client_address(location: int, number: int) -> str:
+    """The address of resolver ``number``, in its location's :func:`client_network`."""
+    return f"10.{100 + location}.{number >> 8 & 255}.{number & 255}"
+
+
 def manager_config(scenario: Scenario) -> ManagerConfig:
     """The manager's configuration for ``scenario``: one zone, one pool, its provider."""
     dns = scenario.dns
