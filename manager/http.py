@@ -213,6 +213,12 @@ class HttpLimits:
     idle connection is closed after ``keep_alive`` seconds. A connection that breaks a limit is
     closed at once. Connections beyond ``max_connections`` are closed as they arrive. Request
     headers larger than ``max_header_bytes`` get 431 and the connection is closed.
+
+    A request answered before its body was all in (a refused token, a body over the cap) and
+    closed: the listener stops sending (a TCP half-close) and reads on, throwing the rest away,
+    until the client closes, ``linger_time`` seconds pass or ``linger_bytes`` more arrive (nginx's
+    lingering close). Closing at once would make the kernel answer the body's next bytes with a
+    reset, and a client still sending its body could lose the answer before reading it.
     """
 
     header_timeout: float = 5.0
@@ -221,6 +227,8 @@ class HttpLimits:
     keep_alive: int = 5
     max_connections: int = field(default_factory=default_max_connections)
     max_header_bytes: int = 32 * 1024
+    linger_time: float = 2.0
+    linger_bytes: int = 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -230,6 +238,7 @@ class HttpCounts:
     slow_headers: int = 0  # connections closed: headers not in within header_timeout
     slow_bodies: int = 0  # connections closed: body not in within body_timeout
     slow_readers: int = 0  # connections closed: answer not taken within write_timeout
+    long_lingers: int = 0  # connections cut: body still coming linger_time/bytes after the answer
     over_capacity: int = 0  # connections closed on arrival: max_connections reached
     large_headers: int = 0  # requests refused with 431
     malformed: int = 0  # requests the HTTP parser refused (400)
@@ -241,6 +250,7 @@ class HttpCounts:
             + self.slow_headers
             + self.slow_bodies
             + self.slow_readers
+            + self.long_lingers
             + self.over_capacity
             + self.large_headers
             + self.malformed
@@ -286,6 +296,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._early: list[bytes] | None = None
         self._handshake_task: asyncio.Task[None] | None = None
         self._made = False  # uvicorn's connection_made called: its connection_lost is due
+        self._raw: asyncio.Transport | None = None  # the transport under _LingeringTransport
+        self._linger_left = 0  # bytes a lingering close still throws away (> 0: lingering)
 
     # -- connection ------------------------------------------------------------------------
 
@@ -303,6 +315,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.tls is None:
             self._made = True
             super().connection_made(transport)
+            self._wrap()
             return
         self._handshaking = transport
         self._early = []
@@ -335,10 +348,41 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._early = None
         self._made = True
         super().connection_made(secured)
+        self._wrap()
         for data in early:
             if self.transport.is_closing():
                 break
             self.data_received(data)
+
+    def _wrap(self) -> None:
+        """uvicorn closes through ``self.transport`` (its request cycles keep a reference to
+        it): a :class:`_LingeringTransport` lets a close that comes before the request's body
+        is in become a lingering one."""
+        self._raw = self.transport
+        self.transport = _LingeringTransport(self.transport, self._close)
+
+    def _close(self) -> None:
+        raw = self._raw
+        assert raw is not None
+        if self._phase is not _Phase.BODY or raw.is_closing():
+            raw.close()
+            return
+        # Answered before the body was all in: stop sending, read on and throw it away.
+        self._cancel_read()
+        self._linger_left = max(1, self.limits.linger_bytes)
+        if raw.can_write_eof():  # plain TCP: the client sees the answer, then the end
+            raw.write_eof()
+        if not raw.is_reading():  # uvicorn's flow control pauses reading for a large body
+            raw.resume_reading()
+        self._read_timer = self.loop.call_later(self.limits.linger_time, self._linger_over)
+
+    def _linger_over(self) -> None:
+        self._read_timer = None
+        raw = self._raw
+        if raw is not None and not raw.is_closing():
+            self.counts.long_lingers += 1
+            self._note()
+            raw.abort()
 
     def _handshake_ended(self) -> None:
         """The handshake failed or the connection went before it ended: forget it."""
@@ -366,6 +410,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._early is not None:
             self._early.append(data)  # decrypted before start_tls returned: fed to the parser then
+            return
+        if self._linger_left > 0:  # the rest of a refused body: thrown away, within a bound
+            self._linger_left -= len(data)
+            if self._linger_left <= 0:
+                self._linger_over()
             return
         if self._phase in (_Phase.IDLE, _Phase.APP) and self._read_timer is None:
             # The first bytes of a request (after keep-alive idling, or pipelined).
@@ -515,12 +564,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         counts = self.counts
         log.warning(
             "closed %d connection(s) breaking the listener's limits since the last report (in "
-            "all: %d slow headers, %d slow bodies, %d slow readers, %d over %d connections, %d "
-            "headers too large, %d malformed requests, %d failed TLS handshakes)",
+            "all: %d slow headers, %d slow bodies, %d slow readers, %d refused bodies still "
+            "coming after %.0f s or %d bytes, %d over %d connections, %d headers too large, %d "
+            "malformed requests, %d failed TLS handshakes)",
             counts.total() - int(total_then),
             counts.slow_headers,
             counts.slow_bodies,
             counts.slow_readers,
+            counts.long_lingers,
+            self.limits.linger_time,
+            self.limits.linger_bytes,
             counts.over_capacity,
             self.limits.max_connections,
             counts.large_headers,
@@ -528,6 +581,69 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             counts.failed_handshakes,
         )
         self._logged[:] = [now, float(counts.total())]
+
+
+class _LingeringTransport(asyncio.Transport):
+    """The transport uvicorn is given: the real one, but for ``close``, which goes to the
+    protocol (a lingering close while a request's body is on the way, else a close). Once
+    lingering it reads as closing, so uvicorn starts nothing more on the connection."""
+
+    def __init__(self, raw: asyncio.Transport, close: Callable[[], None]) -> None:
+        super().__init__()
+        self._transport = raw
+        self._on_close = close
+        self._closed = False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._on_close()
+
+    def is_closing(self) -> bool:
+        return self._closed or self._transport.is_closing()
+
+    def abort(self) -> None:
+        self._closed = True
+        self._transport.abort()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._transport.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        self._transport.writelines(list_of_data)
+
+    def write_eof(self) -> None:
+        self._transport.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._transport.get_write_buffer_limits()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
 
 
 class HttpServer(uvicorn.Server):

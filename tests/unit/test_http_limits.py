@@ -37,6 +37,11 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 401, "headers": []})
         await send({"type": "http.response.body", "body": b""})
         return
+    if scope["path"] == "/refuse":  # as the API refuses a token: answered, then closed
+        headers = [(b"content-length", b"6"), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 403, "headers": headers})
+        await send({"type": "http.response.body", "body": b"denied"})
+        return
     size = 0
     while True:
         message = await receive()
@@ -183,6 +188,44 @@ def test_a_body_finished_after_an_early_answer_leaves_no_idle_connection(
     assert answer.startswith(b"HTTP/1.1 401 ")
     client.sendall(b"hello")  # the rest of the body, then nothing: an idle connection
     assert closed_by_server(client) == b""  # closed at the keep-alive timeout
+
+
+def _refused_before_its_body(listener: Listener, length: int) -> socket.socket:
+    client = listener.connect()
+    client.sendall(f"POST /refuse HTTP/1.1\r\nHost: t\r\nContent-Length: {length}\r\n\r\n".encode())
+    answer = b""
+    while not answer.endswith(b"denied"):
+        answer += client.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    return client
+
+
+def test_a_body_sent_after_a_refusal_and_close_is_read_not_reset(listener: Listener) -> None:
+    # The client's body goes out after the server has answered and closed: a server that closed
+    # for real makes the kernel answer it with a reset, and a client still writing its body (as
+    # httpx does) fails with "connection reset" instead of reading the 403. A lingering close
+    # takes the body and ends the connection cleanly.
+    client = _refused_before_its_body(listener, 100_000)
+    time.sleep(0.2)  # the server has closed its side by now
+    client.sendall(b"x" * 50_000)
+    time.sleep(0.2)  # a reset, were there one, has arrived
+    client.sendall(b"x" * 50_000)  # raises ConnectionResetError (or BrokenPipeError) after one
+    client.settimeout(10)
+    assert client.recv(4096) == b""  # the end of the answer
+    client.close()
+    wait(lambda: not listener.server.server_state.connections, "the connection to be gone")
+    assert listener.server.counts.long_lingers == 0
+
+
+def test_a_refused_body_that_keeps_coming_is_cut_off(listener: Listener) -> None:
+    client = _refused_before_its_body(listener, 1 << 30)
+    sent = 0
+    with contextlib.suppress(OSError):
+        while sent < 64 * 1024 * 1024:
+            client.sendall(b"x" * 65536)
+            sent += 65536
+    assert sent < 64 * 1024 * 1024  # cut off long before
+    wait(lambda: listener.server.counts.long_lingers == 1, "the lingering connection cut")
 
 
 def test_blank_lines_between_requests_do_not_hold_a_connection(listener: Listener) -> None:
