@@ -11,20 +11,52 @@ asks for a database, so the core and the pipe backend still start without it.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterable
 from typing import Any
 
 from dnslb.errors import DnslbError
+from dnslb.plan import geoip_path_problem
+
+MAX_GEOIP_BYTES = 2 * 1024**3  # GeoIP2 City is about 100 MB; nothing real comes near this
 
 
 class GeoIpError(DnslbError):
     """A MaxMind-format database cannot be read (missing reader, file or format)."""
 
 
+def database_file(path: str) -> os.stat_result:
+    """The status of the file at ``path`` if it may be opened as a database: a path by the
+    plan's rule (:func:`dnslb.plan.geoip_path_problem`) naming a regular file of at most
+    :data:`MAX_GEOIP_BYTES`; else :class:`GeoIpError`. The path comes from a plan, which the
+    plan store's every writer could have written: it is opened without blocking (a FIFO would
+    hold the plan loader forever) and never read unless it is a plain file."""
+    if problem := geoip_path_problem(path):
+        raise GeoIpError(f"cannot read {path!r}: {problem}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise GeoIpError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        status = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(status.st_mode):
+        raise GeoIpError(f"cannot read {path}: not a regular file")
+    if status.st_size > MAX_GEOIP_BYTES:
+        raise GeoIpError(f"cannot read {path}: {status.st_size} bytes, over {MAX_GEOIP_BYTES}")
+    return status
+
+
 class GeoIpDatabase:
-    """One open database and a pool's map of countries and regions to locations."""
+    """One open database and a pool's map of countries and regions to locations.
+
+    ``status`` is the file's status when it was opened (:func:`database_file`): a reader can
+    tell whether the file was replaced since (a database update) and reopen it."""
 
     def __init__(self, path: str, locations: Iterable[tuple[str, str]]) -> None:
+        self.status = database_file(path)
         try:
             import maxminddb  # noqa: PLC0415 (the geoip extra: only pools with a database)
         except ImportError:
@@ -68,4 +100,4 @@ class GeoIpDatabase:
         self._reader.close()
 
 
-__all__ = ["GeoIpDatabase", "GeoIpError"]
+__all__ = ["MAX_GEOIP_BYTES", "GeoIpDatabase", "GeoIpError", "database_file"]

@@ -50,6 +50,8 @@ LOCATION = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}\Z")
 GEOIP_CODE = re.compile(r"[A-Z]{2}(-[A-Z0-9]{1,3})?\Z")
 """A country (ISO 3166-1 alpha-2, ``FR``) or a country's region (ISO 3166-2, ``US-CA``)."""
 MAX_GEOIP_CODES = 5000
+MAX_GEOIP_PATH = 1024  # characters of a database's path
+GEOIP_PATH = re.compile(r"/[A-Za-z0-9._/+@-]*\.mmdb")
 """Most countries and regions one pool's MaxMind database map may name."""
 """A location's name (a region or a site): a short lower-case token, ``eu-west``, ``dc2``."""
 """Longest text field (a static record's content); names are limited by DNS itself."""
@@ -610,9 +612,9 @@ def _parse_geoip(reader: _Reader, value: object, path: str) -> GeoIp | None:
     if raw is None:
         return None
     before = len(reader.problems)
-    database = reader.text(raw.get("database"), f"{path}.database")
-    if database is not None and not database.startswith("/"):
-        reader.fail(f"{path}.database", f"{show(database)} must be an absolute path")
+    database = reader.text(raw.get("database"), f"{path}.database", limit=MAX_GEOIP_PATH)
+    if database is not None and (problem := geoip_path_problem(database)):
+        reader.fail(f"{path}.database", problem)
     codes = raw.get("locations")
     if not isinstance(codes, Mapping):
         reader.fail(f"{path}.locations", f"must be an object, not {_kind(codes)}")
@@ -641,6 +643,22 @@ def location_problem(text: str) -> str | None:
     if LOCATION.match(text):
         return None
     return "must be 1 to 32 of a-z, 0-9, '-' and '_', starting with a letter or a digit"
+
+
+def geoip_path_problem(text: str) -> str | None:
+    """Why ``text`` cannot name a MaxMind-format database, or None: an absolute path of plain
+    characters ending in ``.mmdb``, with no ``..`` in it. The pipe backends open what a plan
+    names: a path that cannot name a device, a pipe or a file of /proc by mistake or malice."""
+    if not text.startswith("/"):
+        return f"{show(text)} must be an absolute path"
+    if len(text) > MAX_GEOIP_PATH:
+        return f"must be at most {MAX_GEOIP_PATH} characters, not {len(text)}"
+    if not GEOIP_PATH.fullmatch(text) or "/../" in f"{text}/" or "//" in text:
+        return (
+            f"{show(text)} must be a path ending in .mmdb, of letters, digits and . _ / + @ -, "
+            "with no '..' or '//' in it"
+        )
+    return None
 
 
 def network_problem(text: str) -> str | None:

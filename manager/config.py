@@ -30,6 +30,7 @@ from dnslb.plan import (
     GeoIp,
     Network,
     address_problem,
+    geoip_path_problem,
     location_problem,
     network_problem,
     show,
@@ -448,14 +449,14 @@ class NetworkConfig:
 class GeoIpConfig:
     """Clients no network holds, located with a MaxMind-format database (docs/topology.md)."""
 
-    database: str = setting(help="absolute path of the database on every DNS server")
+    database: str = setting(help="absolute path (ending in .mmdb) of the database on every DNS server")
     locations: Mapping[str, str] = setting(
         help="countries (FR) and regions (US-CA) by location; a region wins over its country"
     )
 
     def config_problems(self) -> Iterator[str]:
-        if not self.database.startswith("/"):
-            yield f"database: {show(self.database)} must be an absolute path"
+        if problem := geoip_path_problem(self.database):
+            yield f"database: {problem}"
         if len(self.locations) > MAX_GEOIP_CODES:
             yield f"locations: at most {MAX_GEOIP_CODES}, not {len(self.locations)}"
         for code, location in self.locations.items():

@@ -15,12 +15,13 @@ the cycle and sets the answer's ECS scope.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from dnslb.geoip import GeoIpDatabase, GeoIpError
+from dnslb.geoip import GeoIpDatabase, GeoIpError, database_file
 from dnslb.plan import MemberState, Plan, Pool
 from dnslb.selection import Answer, answer_counts, pool_answers, rotation
 from dnslb.topology import NetworkTable, located_pool, location_shares
@@ -229,16 +230,39 @@ def _compile_pool(
     return compiled
 
 
+_GEOIP_KEPT = 16  # databases kept open between plans (a plan names a few, the same each time)
+_geoip_open: dict[tuple[str, tuple[tuple[str, str], ...]], GeoIpDatabase] = {}
+
+
 def _open_geoip(pool: Pool) -> GeoIpDatabase | None:
     """The pool's database, or None (logged) when it cannot be read: its clients are then
-    located by the networks alone, and the plan is served all the same."""
+    located by the networks alone, and the plan is served all the same. A database opened for
+    an earlier plan is used again while its file is the same one (replaced: opened again)."""
     if pool.geoip is None:
         return None
+    key = (pool.geoip.database, pool.geoip.locations)
     try:
-        return GeoIpDatabase(pool.geoip.database, pool.geoip.locations)
+        kept = _geoip_open.get(key)
+        if kept is not None and _same_file(database_file(key[0]), kept.status):
+            return kept
+        opened = GeoIpDatabase(*key)
     except GeoIpError as exc:
         log.error("pool %s: %s; locating its clients by its networks alone", pool.name, exc)
         return None
+    _geoip_open.pop(key, None)
+    while len(_geoip_open) >= _GEOIP_KEPT:
+        del _geoip_open[next(iter(_geoip_open))]  # the oldest (a table may still hold it)
+    _geoip_open[key] = opened
+    return opened
+
+
+def _same_file(now: os.stat_result, then: os.stat_result) -> bool:
+    return (now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns) == (
+        then.st_dev,
+        then.st_ino,
+        then.st_size,
+        then.st_mtime_ns,
+    )
 
 
 def _iterator(reply: Reply) -> Iterator[Fragments]:

@@ -5,6 +5,7 @@ scope, the CIDR table first, and a missing database leaving the networks alone."
 from __future__ import annotations
 
 import logging
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,43 @@ def test_a_missing_or_corrupt_database_is_a_clear_error(tmp_path: Path) -> None:
         GeoIpDatabase(str(corrupt), CODES)
 
 
+def test_only_a_regular_file_of_bounded_size_is_opened(
+    tmp_path: Path, database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plan names the file; the plan store's writer may be hostile. A FIFO would hold the
+    # plan loader forever (opening one for reading blocks until a writer comes), a device or a
+    # link to one is not a database.
+    fifo = tmp_path / "fifo.mmdb"
+    os.mkfifo(fifo)
+    with pytest.raises(GeoIpError, match="not a regular file"):
+        GeoIpDatabase(str(fifo), CODES)
+    (tmp_path / "zero.mmdb").symlink_to("/dev/zero")
+    with pytest.raises(GeoIpError, match="not a regular file"):
+        GeoIpDatabase(str(tmp_path / "zero.mmdb"), CODES)
+    with pytest.raises(GeoIpError, match=r"ending in \.mmdb"):
+        GeoIpDatabase("/dev/zero", CODES)
+    monkeypatch.setattr("dnslb.geoip.MAX_GEOIP_BYTES", database.stat().st_size - 1)
+    with pytest.raises(GeoIpError, match="bytes, over"):
+        GeoIpDatabase(str(database), CODES)
+
+
+def test_the_pipe_backend_opens_a_database_once_and_again_when_replaced(database: Path) -> None:
+    plan = parse_plan(_doc(str(database)))
+
+    def opened() -> object:
+        table = compile_plan(plan, 5, stale=False, rng=random.Random(1))
+        reply = table.names[plan.pools[0].name.encode()][b"A"]
+        assert isinstance(reply, Located)
+        return reply.table.geoip
+
+    first = opened()
+    assert first is not None and opened() is first  # every plan: the same open database
+    replacement = database.with_name("new.mmdb")
+    write_database(replacement)
+    replacement.replace(database)  # as geoipupdate replaces it: a new file under the name
+    assert opened() is not first
+
+
 def _doc(path: str, **geoip: Any) -> dict[str, Any]:
     doc = plan_doc()
     doc["pools"][0]["geoip"] = {"database": path, "locations": dict(CODES), **geoip}
@@ -99,6 +137,11 @@ def test_the_plan_carries_the_database_and_its_map(database: Path) -> None:
     ("geoip", "message"),
     [
         pytest.param({"database": "relative.mmdb"}, "absolute path", id="relative"),
+        pytest.param({"database": "/dev/zero"}, "ending in .mmdb", id="device"),
+        pytest.param({"database": "/proc/self/mem"}, "ending in .mmdb", id="proc"),
+        pytest.param({"database": "/var/lib/../../x.mmdb"}, "'..'", id="dot-dot"),
+        pytest.param({"database": "/var/lib/geo ip.mmdb"}, "letters, digits", id="space"),
+        pytest.param({"database": "/" + "a" * 1100 + ".mmdb"}, "at most", id="long"),
         pytest.param({"locations": {"fr": "eu"}}, "upper case", id="lower-case-code"),
         pytest.param({"locations": {"FR": "Europe"}}, "a-z", id="bad-location"),
         pytest.param({"locations": ["FR"]}, "must be an object", id="not-a-map"),
