@@ -304,9 +304,24 @@ def _compile_cycles(
         compiled.replies[b"ANY"] = map(concat, first, counted(v6, answers.v6))
     elif has_v6:
         compiled.replies[b"ANY"] = counted(_with_static(any_static, v6), answers.v6)
-    else:
+    elif has_v4 or any_static is not None:
         compiled.replies[b"ANY"] = counted(_with_static(any_static, v4), answers.v4)
+    else:
+        compiled.replies[b"ANY"] = counted([_no_address(abi, pool, zone_id)] * len(v4), answers.v4)
     return compiled
+
+
+NO_ADDRESS = '"no server can take requests now (dnslb)"'
+
+
+def _no_address(abi: int, pool: Pool, zone_id: int) -> Fragments:
+    """The ANY reply of a pool with nothing to answer (no server up yet, all paused with
+    ``fallback: nodata``...): the name still exists, so that pdns answers A and AAAA queries
+    with NODATA. With nothing at all, pdns answers NXDOMAIN ("no such name, nor any name below
+    it"), which resolvers cache as such and may apply to every name below (RFC 8020). pdns
+    4.7.3's pipe backend cannot send an empty non-terminal (its ENT needs a content field that
+    ENT cannot parse), so the name holds one TXT record saying why; a TXT query gets it."""
+    return fragments(abi, [Rdata("TXT", pool.ttl_floor, NO_ADDRESS, dynamic=True)], zone_id)
 
 
 def _transfer_lines(abi: int, pool: Pool, zone_id: int) -> bytes:

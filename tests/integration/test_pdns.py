@@ -105,6 +105,27 @@ def test_any_query_and_nodata(pdns: Dns) -> None:
     assert nodata.authority and nodata.authority[0].rdtype == dns.rdatatype.SOA
 
 
+def test_a_pool_with_nothing_to_answer_is_nodata_not_nxdomain(tmp_path: Path) -> None:
+    # All members draining (as while the first servers boot, or all paused with fallback
+    # nodata): the name exists, it just has no address now. NXDOMAIN would say it does not
+    # exist at all, and resolvers would cache that for every type and every name below it.
+    doc = plan_doc()
+    doc["pools"][0]["fallback"] = "nodata"
+    for member in doc["pools"][0]["members"]:
+        member["state"] = "draining"
+    running = start_pdns(tmp_path, doc)
+    try:
+        for rtype in ("A", "AAAA"):
+            reply = running.query("www.example.test", rtype)
+            assert reply.rcode() == dns.rcode.NOERROR, rtype
+            assert not reply.answer
+            assert reply.authority and reply.authority[0].rdtype == dns.rdatatype.SOA
+        below = running.query("x.www.example.test", "A")
+        assert below.rcode() == dns.rcode.NXDOMAIN  # a name below the pool: still none
+    finally:
+        running.server.stop()
+
+
 def test_unknown_name_is_nxdomain_and_outside_names_are_refused(pdns: Dns) -> None:
     assert pdns.query("nope.example.test", "A").rcode() == dns.rcode.NXDOMAIN
     assert pdns.query("www.example.org", "A").rcode() == dns.rcode.REFUSED

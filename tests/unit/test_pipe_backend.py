@@ -17,6 +17,7 @@ import pytest
 
 from daemons.pdns import pipe_command
 from dnslb.plan_store import FilePlanStore, last_good_store
+from pipe_backend.answers import NO_ADDRESS
 from pipe_backend.backend import PipeBackend
 from pipe_backend.command import default_state_dir
 from pipe_backend.protocol import MAX_LINE
@@ -130,6 +131,26 @@ def test_pool_answers_a_aaaa_and_any(plan_path: Path) -> None:
     assert sorted(r["content"] for r in six) == ["2001:db8::1", "2001:db8::2"]
     assert {r["ttl"] for r in six} == {40}  # the lower of 40 and 50
     assert parse_reply(5, backend.handle(q_line(5, "v6.example.test", "MX"))) == []
+
+
+@pytest.mark.parametrize("fallback", ["nodata", "least_loaded"])
+def test_a_pool_with_nothing_to_answer_still_exists(tmp_path: Path, fallback: str) -> None:
+    # Every member draining: no address to give, whatever the fallback. The ANY reply (what
+    # pdns asks) holds the pool's TXT note, so that pdns answers NODATA, not NXDOMAIN.
+    doc = plan_doc()
+    doc["pools"][0]["fallback"] = fallback
+    for member in doc["pools"][0]["members"]:
+        member["state"] = "draining"
+    path = tmp_path / "plan.json"
+    write_plan(path, doc)
+    backend = make_backend(path)
+    assert parse_reply(5, backend.handle(q_line(5, "www.example.test", "A"))) == []
+    for _ in range(3):
+        records = parse_reply(5, backend.handle(q_line(5, "www.example.test", "ANY")))
+        assert [(r["type"], r["content"]) for r in records] == [("TXT", NO_ADDRESS)]
+    assert {
+        r["type"] for r in parse_reply(5, backend.handle(q_line(5, "v6.example.test", "ANY")))
+    } == {"AAAA"}
 
 
 def test_mixed_family_pool_answers_both_families_for_any(tmp_path: Path) -> None:
