@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import agents.command as agents_command
+import cli.calibrate as calibrate_command
 import cli.ctl as ctl_command
 import daemons.command as daemons_command
 import lab.command as lab_command
@@ -272,6 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim_command.add_arguments(sim)
     sim.set_defaults(handler=sim_command.run)
+
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="the simulator against the lab on the same experiment, side by side",
+        description="Run cases of dnslb experiments on the lab and in the simulator (the "
+        "simulator's scenario is derived from the lab's settings), then print each column of "
+        "both with 95 % intervals and the relative difference (docs/simulation.md).",
+    )
+    calibrate_command.add_arguments(calibrate)
+    calibrate.set_defaults(handler=calibrate_command.run)
     return parser
 
 
@@ -305,6 +316,7 @@ EXTRAS = {
     "report": "lab",
     "experiments": "lab",
     "origin": "lab",
+    "calibrate": "sim,lab",
 }
 """The package extra each subcommand needs (the core's commands need none): docs/install.md."""
 
