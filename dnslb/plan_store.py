@@ -116,8 +116,18 @@ class PlanStore(ABC):
         Never raises: an unreadable store gives ``[]``, an unreadable document is skipped. The
         documents are JSON objects and nothing more is checked: the caller validates them."""
 
-    def _plan_text(self, plan: Plan) -> bytes:
+    def encode(self, plan: Plan) -> bytes:
+        """``plan``'s text as published; the last one is kept, so that a writer that checks
+        the text before it publishes (the manager) serializes each plan once."""
+        kept: tuple[Plan, bytes] | None = getattr(self, "_encoded", None)
+        if kept is not None and kept[0] is plan:
+            return kept[1]
         text = plan_to_json(plan).encode("utf-8")
+        self._encoded = (plan, text)
+        return text
+
+    def _plan_text(self, plan: Plan) -> bytes:
+        text = self.encode(plan)
         if len(text) > self.max_plan_bytes:
             raise OSError(
                 errno.EFBIG,

@@ -33,7 +33,7 @@ from dnslb.control import AdminAction, Conflict, NotFound
 from dnslb.dnsname import normalize
 from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
-from dnslb.plan import MemberState, Plan, normal_address, parse_plan_json, plan_to_json
+from dnslb.plan import MemberState, Plan, PoolCache, normal_address, parse_plan_json
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
 from dnslb.policy import update_load
 from dnslb.report import MAX_SERVED, Report
@@ -86,6 +86,7 @@ class Manager:
         # acting (below) also needs the lease still valid.
         self._acting = self._first_round()
         self.publisher = publisher or _plan_store(loaded)
+        self._checked_pools = PoolCache()  # the pools of the last plan checked (_plan_problem)
         self.fleet = Fleet(self.store, self.config.auth.agent_token)
         self.health = HealthChecker(self.fleet)
         self.lifecycles: dict[str, PoolLifecycle] = {}
@@ -800,12 +801,14 @@ class Manager:
         serve it. (Computing the answers of a plan the parser accepts cannot fail: the
         ``plan`` and ``pipe-protocol`` fuzz harnesses hold that, and a pipe backend that met
         such a plan would keep its last good one.)"""
-        text = plan_to_json(plan)
+        text = self.publisher.encode(plan)  # kept: published as checked, serialized once
         limit = self.publisher.max_plan_bytes
-        if len(text.encode("utf-8")) > limit:
+        if len(text) > limit:
             return f"the plan is larger than the store's limit of {limit} bytes"
         try:
-            parsed = parse_plan_json(text)
+            # Pools whose text the last good plan had were checked then (as a pipe backend
+            # reads them: PoolCache compares the text itself, trusting nothing).
+            parsed = parse_plan_json(text, cache=self._checked_pools)
         except PlanError as exc:
             return "; ".join(exc.problems[:5])
         except ValueError as exc:  # not even JSON (a NaN would be caught here)

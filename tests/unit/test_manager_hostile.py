@@ -139,7 +139,7 @@ def test_a_refused_plan_is_not_published_nor_claimed(
     plan = lab.manager.plan
     assert plan is not None
 
-    def broken(text: str | bytes) -> object:
+    def broken(text: str | bytes, **_: object) -> object:
         raise service.PlanError("invalid plan", ["pools[0].members[0].weight: refused"])
 
     monkeypatch.setattr(service, "parse_plan_json", broken)
