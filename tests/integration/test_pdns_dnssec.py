@@ -8,6 +8,7 @@ unbound per module, on loopback ports of their own. The resolver caches nothing
 
 from __future__ import annotations
 
+import copy
 import shutil
 import sqlite3
 import subprocess
@@ -285,6 +286,33 @@ def test_a_member_paused_by_a_new_plan_never_appears_and_new_sets_validate(
         assert signed.resolver.failures() == []
     finally:
         write_plan(signed.plan, plan_doc(version=9))  # the first plan again, newer
+        time.sleep(1.0)
+
+
+def test_a_pool_with_no_address_is_a_validated_nodata(signed: Signed) -> None:
+    """A pool whose members are all draining (a name never asked before, so that no resolver
+    cache holds addresses for it): NODATA, signed and validated, never NXDOMAIN; the NSEC3
+    proof shows the TXT note the name holds while it has no address."""
+    doc = plan_doc(version=10)
+    empty = copy.deepcopy(doc["pools"][0])
+    empty["name"] = "empty.example.test"
+    for number, member in enumerate(empty["members"]):
+        member["id"] = f"empty-{number}"
+        member["state"] = "draining"
+    doc["pools"].append(empty)
+    write_plan(signed.plan, doc)
+    try:
+        time.sleep(1.0)  # every coprocess serves a new plan within about 0.3 s (test_pdns.py)
+        reply = signed.resolver.query("empty.example.test", "A")
+        assert reply.rcode() == dns.rcode.NOERROR
+        assert reply.flags & dns.flags.AD
+        assert not reply.answer
+        [proof] = nsec3_proofs(reply)
+        types = {name for rdata in proof for name in rdata.to_text().split()[5:]}
+        assert types == {"TXT", "RRSIG"}
+        assert signed.resolver.failures() == []
+    finally:
+        write_plan(signed.plan, plan_doc(version=11))  # the first plan again, newer
         time.sleep(1.0)
 
 
