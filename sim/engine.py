@@ -118,6 +118,12 @@ class Simulation:
         self.ignores = [self.rng_users.random() < scenario.clients.ignore_ttl for _ in range(users)]
         self.pin_server = [-1] * users
         self.pin_until = [0.0] * users
+        # Until when a user's own copy of its resolver's answer lasts (the lab's users keep one
+        # for the TTL they were given): a request after that is a lookup, and what the user was
+        # given then is what is left of the TTL in its resolver's cache (``user_ttl``).
+        self.user_until = [0.0] * users
+        self.user_lookups = 0
+        self.user_ttl_total = 0.0
         # Where in its resolver's answer a user's request started: its retries go on from there
         # (they used to take a fresh turn of a rotating resolver's order, and could come back to
         # the same dead address again and again until the request timed out).
@@ -301,6 +307,7 @@ class Simulation:
         ignores = self.ignores
         pin_server = self.pin_server
         pin_until = self.pin_until
+        user_until = self.user_until
         res_answer = self.res_answer
         res_expires = self.res_expires
         res_turn = self.res_turn
@@ -360,6 +367,10 @@ class Simulation:
                     if res_expires[resolver] <= now:
                         self.now = now
                         self._query(resolver, now)
+                    if user_until[user] <= now:  # the user's copy expired: it looks up
+                        user_until[user] = res_expires[resolver]
+                        self.user_lookups += 1
+                        self.user_ttl_total += res_expires[resolver] - now
                     answer = res_answer[resolver]
                     count = len(answer)
                     if not count:  # NODATA: no address at all
@@ -698,6 +709,7 @@ class Simulation:
             sent_to_terminated=self.sent_to_terminated,
             orphans=self.orphans,
             double_launches=self.double_launches,
+            user_ttl=self.user_ttl_total / self.user_lookups if self.user_lookups else math.nan,
         )
 
     def series(self) -> Series:

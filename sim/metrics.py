@@ -25,3 +25,6 @@ class RunResult(CaseResult):
     # timed out or found no address), and the share of requests served in the user's location.
     failed_on_crash: int = 0
     in_location: float = math.nan
+    # The TTL users were given by their resolvers when they looked up (what is left in the
+    # resolver's cache), as the lab measures its mean TTL; ``mean_ttl`` is what DNS gave.
+    user_ttl: float = math.nan
