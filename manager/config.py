@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -449,7 +449,7 @@ class NetworkConfig:
 class GeoIpConfig:
     """Clients no network holds, located with a MaxMind-format database (docs/topology.md)."""
 
-    database: str = setting(help="absolute path (ending in .mmdb) of the database on every DNS server")
+    database: str = setting(help="absolute path (*.mmdb) of the database on every DNS server")
     locations: Mapping[str, str] = setting(
         help="countries (FR) and regions (US-CA) by location; a region wins over its country"
     )
@@ -540,6 +540,11 @@ class PoolConfig:
     location: str | None = setting(
         None, help="the region or site of the servers the provider launches (docs/topology.md)"
     )
+    answers_for: str | None = setting(
+        None,
+        help="another pool of the same zone whose name this pool's servers answer for: a "
+        "location of that pool with its own provider and autoscaling (docs/topology.md)",
+    )
     networks: tuple[NetworkConfig, ...] = setting(
         default_factory=tuple,
         help="client networks by location: clients are answered first by their location's "
@@ -555,8 +560,10 @@ class PoolConfig:
 
     @property
     def dns_name(self) -> str:
+        """The name it answers: its own, or with ``answers_for`` the other pool's."""
         zone = normalize(self.zone)
-        return zone if self.name == "@" else f"{normalize(self.name)}.{zone}"
+        name = self.answers_for or self.name
+        return zone if name == "@" else f"{normalize(name)}.{zone}"
 
     def config_problems(self) -> Iterator[str]:
         if self.name != "@" and (problem := name_problem(normalize(self.name))):
@@ -565,6 +572,14 @@ class PoolConfig:
             yield "scaling: needs a provider that launches servers"
         if self.location is not None and (problem := location_problem(self.location)):
             yield f"location: {problem}"
+        if self.answers_for is not None:
+            if self.location is None:
+                yield "answers_for: needs the location of this pool's servers"
+            if self.networks or self.geoip is not None:
+                yield (
+                    f"answers_for: the networks and geoip of {self.answers_for!r} apply; "
+                    "give them there"
+                )
         if len(self.networks) > MAX_NETWORKS:
             yield f"networks: at most {MAX_NETWORKS}, not {len(self.networks)}"
         networks = [network.network for network in self.networks]
@@ -625,6 +640,8 @@ class RuntimePoolsConfig:
 
     def pool_problems(self, pool: PoolConfig) -> Iterator[str]:
         """Why a pool made through the API may not be as it is (nothing: it may)."""
+        if pool.answers_for is not None:
+            yield "answers_for: only pools in the manager's configuration file may use it"
         if pool.provider is not None and pool.provider.type not in self.providers:
             yield (
                 f"provider: {pool.provider.type!r} pools cannot be made through the API "
@@ -683,6 +700,7 @@ class ManagerConfig:
                         f"and {pool.name!r}"
                     )
                 ids[member.id] = pool.name
+        yield from _location_pool_problems(self.pools)
         if not self.zones:
             yield "zones: at least one zone is needed"
         clusters = {cluster.name: cluster for cluster in self.clusters}
@@ -718,6 +736,35 @@ class ManagerConfig:
                         f"auth: api_tokens[{index}] is also the token of server {member.id!r}; "
                         "agents and the API need different tokens"
                     )
+
+
+def _location_pool_problems(pools: Sequence[PoolConfig]) -> Iterator[str]:
+    """Pools answering for another (``answers_for``): it exists, in the same zone, answers for
+    itself, and has the same policy (one set of answers: one k, TTL range, fallback...); each
+    location once."""
+    by_name = {pool.name: pool for pool in pools}
+    locations: dict[str, set[str | None]] = {}
+    for pool in pools:
+        lead = by_name.get(pool.answers_for) if pool.answers_for is not None else None
+        if pool.answers_for is None:
+            continue
+        where = f"pools: pool {pool.name!r} answers_for {pool.answers_for!r}"
+        if lead is None or lead is pool:
+            yield f"{where}: no such other pool"
+            continue
+        if lead.answers_for is not None:
+            yield f"{where}, which answers for {lead.answers_for!r}: name that pool instead"
+            continue
+        if normalize(lead.zone) != normalize(pool.zone):
+            yield f"{where}: both must be in one zone ({pool.zone!r} and {lead.zone!r})"
+        if pool.policy != lead.policy:
+            yield f"{where}: its policy must be the same as {lead.name!r}'s (one set of answers)"
+        if lead.location is None:
+            yield f"{where}: {lead.name!r} needs a location too (its servers are one)"
+        seen = locations.setdefault(lead.name, {lead.location})
+        if pool.location in seen:
+            yield f"{where}: location {pool.location!r} is already one of {lead.name!r}'s pools"
+        seen.add(pool.location)
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,10 +139,15 @@ def build_plan(
     an id with a tab, a scoped address...) is left out, and why goes into ``left_out``: one bad
     server never costs the other members their plan.
     """
-    plan_pools = []
+    # Pools answering for another (``answers_for``: one location each) add their members to
+    # its answers; the plan has one pool per name, with the policy of the pool named.
+    leads: dict[str, PoolConfig] = {}
+    gathered: dict[str, tuple[list[Member], set[str]]] = {}
     for pool in pools:
-        members = []
-        addresses: set[str] = set()
+        name = pool.config.dns_name
+        if pool.config.answers_for is None:
+            leads[name] = pool.config
+        members, addresses = gathered.setdefault(name, ([], set()))
         for server in pool.servers.values():
             member = plan_member(pool, server, now=now, wall=wall, down_after=down_after)
             if member is None:
@@ -156,7 +161,9 @@ def build_plan(
                 continue
             addresses.add(member.address)
             members.append(member)
-        plan_pools.append(plan_pool(pool.config, members))
+    plan_pools = [
+        plan_pool(leads[name], members) for name, (members, _) in gathered.items() if name in leads
+    ]
     return Plan(
         version=version,
         zones=tuple(
