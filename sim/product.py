@@ -64,17 +64,18 @@ MAX_K = 64
 
 _QUERY = f"Q\t{POOL_NAME[:-1]}\tIN\tA\t-1\t192.0.2.1".encode()
 
-_quiet = False
+_LOUD = ("dnslb", "pipe_backend")
 
 
-def quiet_logs() -> None:
+def quiet_logs() -> dict[str, int]:
     """The product logs every plan it loads and every state change: thousands of lines a run.
-    A simulation keeps only errors (its events are in the manager's state, not in logs)."""
-    global _quiet  # noqa: PLW0603 - once per process
-    if not _quiet:
-        for name in ("dnslb", "pipe_backend"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-        _quiet = True
+    A simulation keeps only errors (its events are in the manager's state, not in logs).
+    Returns the levels before, which :meth:`Product.close` puts back (a simulation run inside
+    another program, dnslb calibrate or a test, leaves its logging as it found it)."""
+    before = {name: logging.getLogger(name).level for name in _LOUD}
+    for name in _LOUD:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return before
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +164,7 @@ class Product:
     """The manager and a pipe backend of one simulated run (see the module's docstring)."""
 
     def __init__(self, scenario: Scenario, seed: int, workdir: Path) -> None:
-        quiet_logs()
+        self._log_levels = quiet_logs()
         self.scenario = scenario
         self.workdir = workdir
         warmup = scenario.manager.warmup
@@ -270,7 +271,11 @@ class Product:
         self.restarts += 1
 
     async def close(self) -> None:
-        await self.manager.close()
+        try:
+            await self.manager.close()
+        finally:
+            for name, level in self._log_levels.items():
+                logging.getLogger(name).setLevel(level)
 
     # -- DNS ------------------------------------------------------------------------------------
 
