@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dnslb.config import checked, default_of
-from dnslb.errors import ConfigError
 from evaluation.columns import CaseResult
-from lab.command import add_lab_ports, lab_settings
-from lab.experiments import CASES, Case, ExperimentPlan, read_results, run_experiments
+from lab.command import add_lab_ports, add_load_arguments, lab_settings
+from lab.experiments import Case, ExperimentPlan, read_results, run_experiments, select_cases
 from lab.loadtest.run import LoadTest
-from lab.repeats import Interval, ci_table, interval
+from lab.repeats import Interval, cell, ci_table, interval
 from lab.settings import default_workdir
 
 if TYPE_CHECKING:
@@ -192,19 +191,13 @@ def comparison(label: str, lab_runs: Sequence[CaseResult], sim_runs: Sequence[Ca
         mark = " !" if attr in JUDGED and not math.isnan(gap) and abs(gap) > GOAL else ""
         shown = "n/a" if math.isnan(gap) else f"{gap * 100:+.1f} %{mark}"
         row = name + (" *" if attr in JUDGED else "")
-        body.append([row, _cell(lab[attr], fmt), _cell(sim[attr], fmt), shown])
+        body.append([row, cell(lab[attr], fmt), cell(sim[attr], fmt), shown])
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
         for row in [header, *body]
     ]
     return "\n".join(lines)
-
-
-def _cell(value: Interval, fmt: str) -> str:
-    if math.isnan(value.half):
-        return fmt.format(value.mean)
-    return f"{fmt.format(value.mean)} ±{fmt.format(value.half)}"
 
 
 def verdict(lab_runs: Sequence[CaseResult], sim_runs: Sequence[CaseResult]) -> list[str]:
@@ -234,18 +227,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="runs of each case on each side (%(default)s)"
     )
-    parser.add_argument(
-        "--case-duration",
-        type=float,
-        default=default("case_duration"),
-        help="seconds of load per run (%(default)s)",
-    )
-    parser.add_argument(
-        "--peak-users",
-        type=int,
-        default=default("peak_users"),
-        help="users at the peak (%(default)s)",
-    )
+    add_load_arguments(parser)
     parser.add_argument(
         "--lab-results",
         metavar="DIR",
@@ -266,15 +248,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import re  # noqa: PLC0415
-
-    try:
-        search = re.compile(args.cases).search
-    except re.error as exc:
-        raise ConfigError("calibrate", [f"--cases: not a regex: {exc}"]) from None
-    cases = [case for case in CASES if search(case.key)]
-    if not cases:
-        raise ConfigError("calibrate", [f"--cases: no case matches {args.cases!r}"])
+    cases = select_cases(None, args.cases)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else default_workdir().parent / "calibrate" / stamp
     plan = checked(

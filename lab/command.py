@@ -459,6 +459,22 @@ def add_experiments_arguments(parser: argparse.ArgumentParser) -> None:
         default=default("repeats"),
         help="runs of each case, for means and 95 %% intervals (%(default)s)",
     )
+    add_load_arguments(parser)
+    parser.add_argument("--tables", help="only these tables, e.g. 1,3 (default all)")
+    parser.add_argument("--cases", help="only cases whose key matches this regex (t3-c)")
+    parser.add_argument(
+        "--show", metavar="DIR", help="print the table of an earlier run's results and exit"
+    )
+    add_lab_ports(parser)
+    parser.set_defaults(max_servers=default("lab").scaling.max_servers)
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The step load of an experiment's runs (``dnslb experiments``, ``dnslb calibrate``)."""
+
+    def default(name: str) -> Any:
+        return default_of(ExperimentPlan, name)
+
     parser.add_argument(
         "--case-duration",
         type=float,
@@ -471,13 +487,6 @@ def add_experiments_arguments(parser: argparse.ArgumentParser) -> None:
         default=default("peak_users"),
         help="users at the peak (%(default)s)",
     )
-    parser.add_argument("--tables", help="only these tables, e.g. 1,3 (default all)")
-    parser.add_argument("--cases", help="only cases whose key matches this regex (t3-c)")
-    parser.add_argument(
-        "--show", metavar="DIR", help="print the table of an earlier run's results and exit"
-    )
-    add_lab_ports(parser)
-    parser.set_defaults(max_servers=default("lab").scaling.max_servers)
 
 
 def run_experiments(args: argparse.Namespace) -> int:

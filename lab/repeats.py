@@ -75,7 +75,8 @@ def summarize(runs: Sequence[CaseResult]) -> dict[str, Interval]:
     }
 
 
-def _cell(value: Interval, fmt: str) -> str:
+def cell(value: Interval, fmt: str) -> str:
+    """``mean ±half`` in ``fmt`` (the mean alone when there is no interval)."""
     fmt = fmt if "." in fmt else "{:.0f}" if fmt == "{}" else fmt
     if math.isnan(value.half):
         return fmt.format(value.mean)
@@ -91,7 +92,7 @@ def ci_table(rows: Mapping[str, Sequence[CaseResult]]) -> str:
         summary = summarize(runs)
         cells = [label]
         for _, fmt, attr in COLUMNS[1:]:
-            cells.append(_cell(summary[attr], fmt))
+            cells.append(cell(summary[attr], fmt))
         cells.append(str(len(runs)))
         body.append(cells)
     widths = [max(len(cells[i]) for cells in [header, *body]) for i in range(len(header))]

@@ -745,9 +745,9 @@ def _location_pool_problems(pools: Sequence[PoolConfig]) -> Iterator[str]:
     by_name = {pool.name: pool for pool in pools}
     locations: dict[str, set[str | None]] = {}
     for pool in pools:
-        lead = by_name.get(pool.answers_for) if pool.answers_for is not None else None
         if pool.answers_for is None:
             continue
+        lead = by_name.get(pool.answers_for)
         where = f"pools: pool {pool.name!r} answers_for {pool.answers_for!r}"
         if lead is None or lead is pool:
             yield f"{where}: no such other pool"
