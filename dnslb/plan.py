@@ -699,7 +699,63 @@ def _parse_networks(reader: _Reader, value: object, path: str) -> tuple[Network,
     return tuple(networks)
 
 
+_MEMBER_FIELDS = frozenset(("id", "address", "weight", "ttl", "state", "utilization", "location"))
+_MEMBER_STATES = {state.value: state for state in MemberState}
+
+
 def _parse_member(reader: _Reader, item: object, path: str) -> Member | None:
+    """A member read by the rules below; the usual member (an object of the plan writer's own
+    types, every value plainly valid) takes :func:`_usual_member`, the same rules in fewer
+    steps, which accepts only what the long way accepts (a test holds the two equal)."""
+    member = _usual_member(item)
+    return member if member is not None else _parse_member_in_full(reader, item, path)
+
+
+def _usual_member(item: object) -> Member | None:
+    """``item`` as a member when it is one by every rule of :func:`_parse_member_in_full` and
+    of the exact types a plan writer gives (floats for weight and utilization, an int TTL, a
+    state's name); None otherwise (then read the long way, which words the problems). A plan
+    with tens of thousands of members is mostly these: checked here in a few microseconds."""
+    if type(item) is not dict or not item.keys() <= _MEMBER_FIELDS:
+        return None
+    member_id = item.get("id")
+    address = item.get("address")
+    weight = item.get("weight", 1.0)
+    ttl = item.get("ttl", 60)
+    state = item.get("state", "active")
+    utilization = item.get("utilization", 0.0)
+    location = item.get("location")
+    if not (
+        type(member_id) is str
+        and 0 < len(member_id) <= MAX_ID_LENGTH
+        and not _FORBIDDEN.search(member_id)
+        and type(address) is str
+        and type(weight) is float
+        and 0.0 <= weight <= MAX_WEIGHT
+        and type(ttl) is int
+        and 0 <= ttl <= MAX_TTL
+        and type(state) is str
+        and type(utilization) is float
+        and 0.0 <= utilization <= MAX_UTILIZATION
+        and (location is None or (type(location) is str and LOCATION.match(location)))
+    ):
+        return None
+    member_state = _MEMBER_STATES.get(state)
+    normal = _address(address)
+    if member_state is None or normal is None:
+        return None
+    return Member(
+        id=member_id,
+        address=normal,
+        weight=weight,
+        ttl=ttl,
+        state=member_state,
+        utilization=utilization,
+        location=location,
+    )
+
+
+def _parse_member_in_full(reader: _Reader, item: object, path: str) -> Member | None:
     raw = reader.mapping(
         item,
         path,
@@ -864,7 +920,6 @@ class PoolCache:
 
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
-_PLAIN = json.JSONDecoder()  # finds where an item ends; a new item is decoded again strictly
 
 
 def _skip(text: str, at: int) -> int:
@@ -938,11 +993,13 @@ def _split_items(text: str, at: int, cache: PoolCache, split: _Split) -> int:
         same = cache.order[index] if index < len(cache.order) else None
         if same is not None and text.startswith(same, at):
             span, end = same, at + len(same)
-        else:
-            end = _PLAIN.raw_decode(text, at)[1]
+            pool = cache.pools.get(span)
+            value = None if pool is not None else _DECODER.decode(span)
+        else:  # decoded strictly once; a pool known by its text (moved) is taken from the cache
+            value, end = _DECODER.raw_decode(text, at)
             span = text[at:end]
-        pool = cache.pools.get(span)
-        items.append(None if pool is not None else _DECODER.decode(span))
+            pool = cache.pools.get(span)
+        items.append(None if pool is not None else value)
         split.spans.append(span)
         split.known.append(pool)
         at = _skip(text, end)
