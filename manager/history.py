@@ -73,7 +73,6 @@ class HistoryRing:
         self._interval: int | None = None
         self._open: dict[str, _OpenPool] = {}
         self._plan: Plan | None = None
-        self._planned: dict[str, tuple[float, int]] = {}
 
     @property
     def retention(self) -> float:
@@ -94,14 +93,7 @@ class HistoryRing:
         if self._interval is not None and interval != self._interval:
             self._close((self._interval + 1) * self.resolution, cost)
         self._interval = interval
-        if plan is not self._plan:
-            self._plan = plan
-            self._planned = {
-                member.id: (member.weight, member.ttl)
-                for pool in (plan.pools if plan is not None else ())
-                for member in pool.members
-                if member.state is MemberState.ACTIVE
-            }
+        self._plan = plan  # read when the interval closes (every member: not every tick)
         for pool in pools:
             current = self._open.setdefault(pool.name, _OpenPool())
             current.by_state.clear()
@@ -123,18 +115,25 @@ class HistoryRing:
                     running.paused = True
 
     def _close(self, end: float, cost: Callable[[str], float]) -> None:
+        plan = self._plan
+        planned = {
+            member.id: (member.weight, member.ttl)
+            for pool in (plan.pools if plan is not None else ())
+            for member in pool.members
+            if member.state is MemberState.ACTIVE
+        }
         for name, current in self._open.items():
             members = []
             for server_id, running in sorted(current.servers.items()):
-                planned = self._planned.get(server_id)
+                planned_here = planned.get(server_id)
                 ticks = running.utilization_ticks
                 members.append(
                     ServerSample(
                         id=server_id,
                         state=running.state,
                         utilization=running.utilization_sum / ticks if ticks else None,
-                        weight=planned[0] if planned else None,
-                        ttl=planned[1] if planned else None,
+                        weight=planned_here[0] if planned_here else None,
+                        ttl=planned_here[1] if planned_here else None,
                         paused=running.paused,
                     )
                 )
