@@ -20,6 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``dnslb manager``."""
     parser.add_argument("--config", required=True, help="manager configuration (YAML)")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument(
+        "--advertise-url",
+        metavar="URL",
+        help="this manager's own URL, instead of the file's http.advertise_url (managers in "
+        "active/standby sharing one configuration file: docs/high-availability.md)",
+    )
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
 
 
@@ -34,7 +40,7 @@ def run(args: argparse.Namespace, attach: Callable[[Manager], None] | None = Non
     from manager.service import Manager  # noqa: PLC0415
 
     logs.configure("manager", args.log_level, pid=False, timestamps=True)
-    loaded = load_manager_config(args.config)
+    loaded = load_manager_config(args.config, advertise_url=args.advertise_url)
     if args.check:
         print(f"{args.config}: ok")
         return 0

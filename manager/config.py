@@ -12,6 +12,7 @@ accepted here once registered there.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 
 from dnslb.config import FileReference, Secret, load_config, setting
 from dnslb.dnsname import name_problem, normalize
+from dnslb.errors import ConfigError
 from dnslb.plan import (
     GEOIP_CODE,
     MAX_GEOIP_CODES,
@@ -780,7 +782,18 @@ class LoadedConfig:
         return path if path.is_absolute() else self.base / path
 
 
-def load_manager_config(path: str | Path) -> LoadedConfig:
-    """Load ``path``; a :class:`~dnslb.errors.ConfigError` lists every problem."""
+def load_manager_config(path: str | Path, *, advertise_url: str | None = None) -> LoadedConfig:
+    """Load ``path``; a :class:`~dnslb.errors.ConfigError` lists every problem. With
+    ``advertise_url`` (``dnslb manager --advertise-url``), that is this manager's
+    ``http.advertise_url``: managers in active/standby share one file, each its own URL."""
     config = load_config(path, ManagerConfig)
+    if advertise_url is not None:
+        http = dataclasses.replace(config.http, advertise_url=advertise_url)
+        parts = urlsplit(advertise_url)
+        problems = [p for p in http.config_problems() if p.startswith("advertise_url")]
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.insert(0, f"{advertise_url[:100]!r} is not an http(s) URL")
+        if problems:
+            raise ConfigError("--advertise-url", problems)
+        config = dataclasses.replace(config, http=http)
     return LoadedConfig(config=config, base=Path(path).resolve().parent, source=str(path))

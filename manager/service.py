@@ -26,6 +26,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from dnslb.asgi import ASGIApp
 from dnslb.clock import Clock, SystemClock
 from dnslb.config import parse_config, to_document
@@ -901,9 +903,21 @@ class Manager:
 
     async def close(self) -> None:
         """Stop background work and close the state database (what shutdown does). A standby
-        leaves the servers to the leader; a leader gives its lease up."""
+        leaves the servers to the leader; a leader gives its lease up. A leader whose provider
+        stops its servers on exit (``stop_on_exit``) leaves them running instead when another
+        manager stands by to lead them (:meth:`_standby_alive`): a restart of the leader must
+        not take the fleet down with it; the last manager to stop stops them."""
+        successor = None
+        if self.acting and any(
+            lifecycle.provider.stops_servers_on_close for lifecycle in self.lifecycles.values()
+        ):
+            successor = await self._standby_alive()
+        if successor is not None:
+            log.info(
+                "leaving the servers running: the manager at %s stands by to lead them", successor
+            )
         for lifecycle in self.lifecycles.values():
-            if self.acting:
+            if self.acting and successor is None:
                 await lifecycle.close()
             else:
                 await _quiesce(lifecycle)
@@ -912,6 +926,36 @@ class Manager:
             await asyncio.to_thread(self.leadership.release)
             self.leadership.close()
         self.store.close()
+
+    async def _standby_alive(self, timeout: float = 2.0) -> str | None:
+        """The URL of another manager (``http.peer_urls``) that answers ``/healthz`` as a
+        standby, or None. It takes the lease this one gives up at its next renewal, and the
+        servers with it; one that does not answer in ``timeout`` seconds (stopping too, or
+        gone) does not count."""
+        if self.leadership is None:
+            return None
+        own = self.config.http.url.rstrip("/")
+        peers = [url.rstrip("/") for url in self.config.http.peer_urls]
+        peers = [url for url in dict.fromkeys(peers) if url != own]
+        if not peers:
+            return None
+        try:
+            verify = client_context(self.config.http.agent_ca_file)
+        except ValueError:
+            verify = client_context()
+        limits = httpx.Limits(max_connections=len(peers))
+        async with httpx.AsyncClient(timeout=timeout, verify=verify, limits=limits) as client:
+
+            async def standby(url: str) -> bool:
+                try:
+                    response = await client.get(f"{url}/healthz")
+                    document = response.json() if response.status_code == 200 else None
+                except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError):
+                    return False
+                return isinstance(document, dict) and document.get("role") == "standby"
+
+            answers = await asyncio.gather(*(standby(url) for url in peers))
+        return next((url for url, alive in zip(peers, answers, strict=True) if alive), None)
 
     async def settle(self) -> None:
         """Wait for the launches and terminations under way (tests)."""

@@ -279,3 +279,46 @@ def test_a_leader_cut_off_from_the_database_stops_before_another_leads(
             finally:
                 b.stop()
                 a.stop()
+
+
+def test_a_leader_stopped_cleanly_leaves_its_servers_to_the_standby(
+    tmp_path: Path, shared: Path
+) -> None:
+    """The local provider stops its servers when its manager exits (``stop_on_exit``, on by
+    default): a leader stopped while a standby answers leaves them running for it (a restart
+    of the leader must not take the fleet down); the last manager to stop stops them."""
+
+    root = shared / "providers" / "www"
+    port = free_port()
+    with postgres_cluster() as cluster, Origin() as origin:
+        a = manager_in(tmp_path, "a", shared, cluster, origin.url, port)
+        b = manager_in(tmp_path, "b", shared, cluster, origin.url, port)
+        peers(a, b)
+        a.start()
+        try:
+            _first(lambda: role(a) == ("leader", 1), "a leads")
+            b.start()
+            _first(lambda: role(b) == ("standby", 0), "b stands by")
+
+            def active() -> set[str]:
+                return {sid for sid, (state, _) in servers(cluster).items() if state == "active"}
+
+            _first(lambda: len(active()) == SERVERS, f"{SERVERS} servers active under a")
+            running = active()
+            pids = recorded_pids(root, running)
+            assert pids
+            assert a.stop() == 0
+            _first(lambda: role(b) == ("leader", 2), "b leads")
+            # Nothing was stopped or launched: b leads the very servers a ran.
+            found = servers(cluster)
+            assert {sid for sid, (state, _) in found.items() if state != "terminated"} == running
+            assert all(psutil.pid_exists(pid) for pid in pids)
+            assert "leaving the servers running" in a.log_path.read_text()
+            _first(lambda: active() == running, "b takes a's servers as they are", timeout=10)
+            # b stops last, with no standby: it stops the servers.
+            assert b.stop() == 0
+            assert wait_until(lambda: not lab_processes(root), 15) is not None
+            assert "leaving the servers running" not in b.log_path.read_text()
+        finally:
+            b.stop()
+            a.stop()

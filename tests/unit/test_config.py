@@ -195,3 +195,28 @@ def test_secret_files_are_regular_and_small(tmp_path: Path) -> None:
     good = tmp_path / "token"
     good.write_text("  a-token \n")
     assert resolve_secret(f"file:{good}").reveal() == "a-token"
+
+
+def test_managers_sharing_one_file_each_give_their_own_url(tmp_path: Path) -> None:
+    """``dnslb manager --advertise-url``: the file's http.advertise_url, by the file's rules."""
+    from manager.config import load_manager_config  # noqa: PLC0415 - the manager's extra
+
+    path = tmp_path / "manager.yaml"
+    path.write_text(
+        "zones: [{name: example.test, ns: [ns1.example.test]}]\n"
+        "http: {advertise_url: 'http://127.0.0.1:1', peer_urls: ['http://127.0.0.1:2']}\n"
+        "pools: []\n"
+    )
+    assert load_manager_config(path).config.http.url == "http://127.0.0.1:1"
+    loaded = load_manager_config(path, advertise_url="http://127.0.0.1:2/")
+    assert loaded.config.http.url == "http://127.0.0.1:2"
+    assert loaded.config.http.peer_urls == ("http://127.0.0.1:2",)
+    for url, problem in (
+        ("ftp://127.0.0.1:2", "is not an http(s) URL"),
+        ("http://", "is not an http(s) URL"),
+        ("http://10.0.0.5:8700", "clear text"),  # the file's plaintext rule holds here too
+    ):
+        with pytest.raises(ConfigError) as raised:
+            load_manager_config(path, advertise_url=url)
+        assert raised.value.what == "--advertise-url"
+        assert problem in " ".join(raised.value.problems)
