@@ -15,12 +15,18 @@ check passed. What is checked:
    master (web UI, two workers) running a step load started through its web API, with the
    sizes given here: requests, failures, DNS lookups;
 6. autoscaling through the docker provider under that load: a scale-out event and a second
-   cache server container in the answers.
+   cache server container in the answers;
+7. the two managers on PostgreSQL: one leads, the other stands by, serves reads and redirects
+   writes to the leader; the leader killed (SIGKILL), the standby leads in a new epoch while
+   DNS goes on answering, and every cache server container is one the new leader knows; the
+   killed manager back as a standby, then the new leader stopped cleanly: the first leads
+   again and the cache servers run on, none stopped or started by the hand-over.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -307,10 +313,126 @@ def check_load(
     )
 
 
+def role(api: str) -> tuple[str, int] | None:
+    """(role, epoch) from a manager's /healthz (no token, no database); None if it is down."""
+    try:
+        document = httpx.get(f"{api}/healthz", timeout=2).json()
+        return str(document["role"]), int(document["epoch"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
+def containers() -> dict[str, str]:
+    """The cache server containers running: server id -> container id (the docker CLI)."""
+    out = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "--filter",
+            "label=dnslb.managed-by",
+            "--format",
+            '{{.Label "dnslb.server-id"}} {{.ID}}',
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def known(api: str, token: str) -> set[str]:
+    """The docker servers a manager knows and has not terminated."""
+    auth = {"Authorization": f"Bearer {token}"}
+    servers = httpx.get(f"{api}/v1/servers", headers=auth, timeout=10).json()
+    return {s["id"] for s in servers if s["origin"] == "docker" and s["state"] != "terminated"}
+
+
+def check_managers(
+    results: Results,
+    apis: tuple[str, str],
+    token: str,
+    dns_server: str,
+    dns_port: int,
+    compose: list[str],
+) -> None:
+    first, second = apis
+    leading, standing = role(first), role(second)
+    if not results.check(
+        "managers: leader and standby",
+        leading is not None and leading[0] == "leader" and standing == ("standby", leading[1]),
+        f"manager-1 {leading}, manager-2 {standing}",
+    ):
+        return
+    assert leading is not None
+    epoch = leading[1]
+    auth = {"Authorization": f"Bearer {token}"}
+    write = httpx.post(
+        f"{second}/v1/servers/none/actions", json={"action": "pause"}, headers=auth, timeout=10
+    )
+    reads = httpx.get(f"{second}/v1/servers", headers=auth, timeout=10)
+    results.check(
+        "standby redirects writes, serves reads",
+        write.status_code == 307
+        and write.headers.get("location") == "http://manager-1:8700/v1/servers/none/actions"
+        and reads.status_code == 200,
+        f"POST at manager-2: {write.status_code} to {write.headers.get('location')}; "
+        f"GET /v1/servers: {reads.status_code}, {len(reads.json())} servers",
+    )
+
+    # kill -9 the leader; DNS keeps answering from the last plan while the standby takes over
+    subprocess.run([*compose, "kill", "manager-1"], check=True, capture_output=True, timeout=60)
+    killed = time.monotonic()
+    asked = answered = 0
+    took = None
+    while time.monotonic() - killed < 30:
+        asked += 1
+        with contextlib.suppress(OSError, dns.exception.DNSException):
+            answered += bool(resolve(dns_server, dns_port)[0])
+        if took is None and role(second) == ("leader", epoch + 1):
+            took = time.monotonic() - killed
+        if took is not None and time.monotonic() - killed > took + 3:
+            break  # and a few seconds of the new leader's plans
+        time.sleep(0.2)
+    results.check(
+        "leader killed: the standby leads",
+        took is not None and answered == asked,
+        f"manager-2 led in epoch {epoch + 1} {took or 0:.1f} s after SIGKILL to manager-1 "
+        f"(lease 3 s); DNS answered {answered} of {asked} queries meanwhile",
+    )
+    running, leader_knows = containers(), known(second, token)
+    results.check(
+        "no cache server orphaned",
+        bool(running) and set(running) <= leader_knows,
+        f"containers of {sorted(running)}; manager-2 knows {sorted(leader_knows)}",
+    )
+
+    # back as a standby, then the new leader stopped cleanly: it hands the servers over
+    subprocess.run([*compose, "start", "manager-1"], check=True, capture_output=True, timeout=60)
+    back = wait_for(lambda: role(first) == ("standby", epoch + 1), 60, every=0.5)
+    before = containers()
+    subprocess.run([*compose, "stop", "manager-2"], check=True, capture_output=True, timeout=90)
+    leads = wait_for(lambda: role(first) == ("leader", epoch + 2), 30, every=0.2)
+    after = containers()
+    results.check(
+        "leader stopped cleanly: the standby takes the servers as they are",
+        back and leads and before == after and bool(after),
+        f"manager-1 back as a standby: {back}, leads in epoch {epoch + 2}: {leads}; "
+        f"containers before {sorted(before.values())}, after {sorted(after.values())}",
+    )
+    subprocess.run([*compose, "start", "manager-2"], check=True, capture_output=True, timeout=60)
+    results.check(
+        "both managers back",
+        wait_for(lambda: role(second) == ("standby", epoch + 2), 60, every=0.5),
+        f"manager-1 {role(first)}, manager-2 {role(second)}",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dns", required=True, help="ADDRESS:PORT of the published DNS")
-    parser.add_argument("--api", required=True, help="the manager's published URL")
+    parser.add_argument("--api", required=True, help="manager-1's published URL")
+    parser.add_argument("--api-2", required=True, help="manager-2's published URL")
     parser.add_argument("--locust", required=True, help="locust's published web UI URL")
     parser.add_argument("--token-file", required=True, help="the API token, in a file")
     parser.add_argument(
@@ -334,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         check_load(
             results, args.locust.rstrip("/"), args.api.rstrip("/"), token, server, int(port), load
         )
+        apis = (args.api.rstrip("/"), args.api_2.rstrip("/"))
+        check_managers(results, apis, token, server, int(port), args.compose.split())
     except (httpx.HTTPError, OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
         results.check("checks ran to the end", False, f"{type(exc).__name__}: {exc}")
     print(f"compose-lab: {len(results.passed)} passed, {len(results.failed)} failed")

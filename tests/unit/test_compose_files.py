@@ -21,6 +21,7 @@ COMPOSE = ROOT / "docker-compose.yml"
 MANAGER = ROOT / "docker" / "lab" / "manager.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 SECRETS = "/var/lib/dnslb/secrets"
+MANAGERS = ("manager-1", "manager-2")  # active/standby on the postgres service
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def compose() -> dict[str, Any]:
 @pytest.fixture
 def manager(tmp_path: Path) -> LoadedConfig:
     """docker/lab/manager.yaml as the manager loads it, its secrets files made here."""
-    for name in ("api.token", "redis.password"):
+    for name in ("api.token", "redis.password", "postgres.password"):
         (tmp_path / name).write_text(f"test-{name}-value\n")
     path = tmp_path / "manager.yaml"
     path.write_text(MANAGER.read_text().replace(SECRETS, str(tmp_path)))
@@ -57,21 +58,21 @@ def test_published_ports_are_on_loopback_unless_configured(compose: dict[str, An
         for name, service in compose["services"].items()
         for port in service.get("ports", [])
     ]
-    assert {name for name, _ in published} == {"manager", "dns", "locust-master"}
+    assert {name for name, _ in published} == {*MANAGERS, "dns", "locust-master"}
     for name, port in published:
         assert port.startswith("${DNSLB_LAB_BIND:-127.0.0.1}:"), (name, port)
 
 
-def test_only_the_manager_gets_the_docker_socket(compose: dict[str, Any]) -> None:
+def test_only_the_managers_get_the_docker_socket(compose: dict[str, Any]) -> None:
     for name, service in compose["services"].items():
         sockets = [v for v in service.get("volumes", []) if "docker.sock" in v]
         assert sockets == (
             ["${DNSLB_DOCKER_SOCKET:-/var/run/docker.sock}:/var/run/docker.sock"]
-            if name == "manager"
+            if name in MANAGERS
             else []
         ), name
         assert not service.get("privileged"), name
-        if name not in ("manager", "secrets", "cache"):
+        if name not in (*MANAGERS, "secrets", "cache"):
             assert service.get("user") is None, name  # the image's user, 10001
             assert service["cap_drop"] == ["ALL"], name
 
@@ -84,8 +85,9 @@ def test_secrets_are_made_at_start_never_in_images_or_the_repository(
     ).lower()
     assert "token" not in instructions and "password" not in instructions
     assert "secrets" in compose["volumes"]
-    manager = compose["services"]["manager"]
-    assert manager["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
+    for name in (*MANAGERS, "postgres"):
+        depends = compose["services"][name]["depends_on"]
+        assert depends["secrets"] == {"condition": "service_completed_successfully"}, name
     for service in compose["services"].values():
         assert "environment" not in service  # nothing secret (or not) passed that way
     script = ROOT / "docker" / "lab" / "secrets-init"
@@ -106,12 +108,25 @@ def test_the_manager_config_names_what_the_compose_file_defines(
     assert origin.hostname in services and origin.port == 8000
     plan = urllib.parse.urlsplit(manager.config.plan.store or "")
     assert plan.hostname in services
-    advertised = urllib.parse.urlsplit(manager.config.http.url)
-    assert (advertised.hostname, advertised.port) == ("manager", manager.config.http.port)
-    mounts = services["manager"]["volumes"]
-    assert "./docker/lab/manager.yaml:/etc/dnslb/manager.yaml:ro" in mounts
-    state_volume = next(v for v in mounts if v.startswith("manager-state:"))
-    assert manager.config.state.path.startswith(state_volume.split(":")[1] + "/")
+    state = urllib.parse.urlsplit(manager.config.state.url or "")
+    assert state.hostname == "postgres" and state.port == 5432
+    assert services["postgres"]["build"]["target"] == "postgres"
+    assert "postgres" in compose["volumes"]
+    # One file, each manager its own URL, the agents given both (they follow the leader).
+    peers = []
+    for name in MANAGERS:
+        service = services[name]
+        assert "./docker/lab/manager.yaml:/etc/dnslb/manager.yaml:ro" in service["volumes"]
+        command = service["command"]
+        advertised = urllib.parse.urlsplit(command[command.index("--advertise-url") + 1])
+        assert (advertised.hostname, advertised.port) == (name, manager.config.http.port)
+        assert service["depends_on"]["postgres"] == {"condition": "service_healthy"}
+        peers.append(advertised.geturl())
+    assert list(manager.config.http.peer_urls) == peers
+    # manager-2 starts after manager-1 and compose stops it first: the leader stops last
+    # and removes the cache servers (a leader stopped before a standby leaves them to it).
+    assert services["manager-2"]["depends_on"]["manager-1"] == {"condition": "service_healthy"}
+    assert provider.stop_on_exit is True
 
 
 def test_it_is_the_same_lab_as_the_local_one(manager: LoadedConfig) -> None:
