@@ -274,6 +274,8 @@ def measure_qps(opts: argparse.Namespace, trees: list[tuple[str, Path]], workdir
                         rate=2000,
                         verbose=True,
                     )
+                # A loader still busy with the last plans must not spill into the next round.
+                time.sleep(opts.settle)
                 published = f", {count[0]} plans published" + (
                     "" if condition == "changing" else " (to a file nobody reads)"
                 )
@@ -307,6 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per condition (3)")
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds per round (8)")
+    parser.add_argument(
+        "--settle", type=float, default=3.0, help="seconds of rest after each round (3)"
+    )
     parser.add_argument("--baseline", help="git revision whose pipe backend runs beside")
     parser.add_argument("--skip-load", action="store_true", help="only the QPS rounds")
     parser.add_argument("--skip-qps", action="store_true", help="only the big plan's load")
