@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from dnslb.geoip import GeoIpDatabase, GeoIpError, database_file
 from dnslb.plan import MemberState, Plan, Pool
-from dnslb.selection import Answer, PoolAnswers, answer_counts, pool_answers, rotation
+from dnslb.selection import Answer, answer_counts, pool_answers, rotation
 from dnslb.topology import NetworkTable, located_pool, location_shares
 from pipe_backend import explain as explanation
 from pipe_backend.protocol import (
@@ -126,17 +126,9 @@ def compile_plan(
     previous: AnswerTable | None = None,
     explain: bool = False,
     pace: Callable[[], None] | None = None,
-    parts_of: Callable[[list[PartsJob]], Iterator[CycleParts | None]] | None = None,
 ) -> AnswerTable:
     """Compile ``plan`` for PowerDNS ABI version ``abi``; ``pace``, if given, is called after
     each pool compiled anew (the loader's chance to rest: see :class:`pipe_backend.backend`).
-
-    ``parts_of``, if given, computes the costly part of the pools to compile anew
-    (:func:`cycle_parts`, in another process: :mod:`pipe_backend.compiler`), one
-    :class:`CycleParts` per :class:`PartsJob` in order, or None for a job it could not do
-    (compiled here then). The replies are the same either way: only :func:`_assemble`, here,
-    draws from ``rng``, in the same order. Pools with client locations, and every pool with
-    ``explain``, are compiled here.
 
     Pools unchanged since ``previous`` (same members, same ABI and staleness) keep their compiled
     replies and their place in the cycle, so a plan that only refreshed its age costs little.
@@ -164,29 +156,15 @@ def compile_plan(
 
     compiled_pools: dict[PoolKey, CompiledPool] = {}
     old_pools = previous.pools if previous is not None else {}
-    entries = []
-    jobs: list[PartsJob] = []
     for pool in plan.pools:
         zone_id = plan.zone_of(pool.name) or 0
         prefix = names.get(pool.name.encode("ascii"), {})
         key = (pool, abi, stale, zone_id, tuple(prefix.items()))
         compiled = old_pools.get(key)
-        helped = compiled is None and parts_of is not None and not explain
-        helped = helped and not located(pool, abi)
-        entries.append((pool, zone_id, prefix, key, compiled, helped))
-        if helped:
-            jobs.append(PartsJob(abi, pool, zone_id, _fixed(prefix.get(b"ANY")), stale))
-    made = parts_of(jobs) if parts_of is not None and jobs else iter(())
-    for pool, zone_id, prefix, key, kept, helped in entries:
-        compiled = kept
         if compiled is None:
-            parts = next(made, None) if helped else None
-            if parts is not None:
-                compiled = _assemble(pool, prefix, parts, rng=rng)
-            else:
-                compiled = _compile_pool(
-                    abi, pool, zone_id, prefix, stale=stale, rng=rng, explain=explain
-                )
+            compiled = _compile_pool(
+                abi, pool, zone_id, prefix, stale=stale, rng=rng, explain=explain
+            )
             compiled.transfer = _transfer_lines(abi, pool, zone_id)
             if pace is not None:
                 pace()
@@ -292,91 +270,6 @@ def _iterator(reply: Reply) -> Iterator[Fragments]:
     return reply
 
 
-def located(pool: Pool, abi: int) -> bool:
-    """Whether ``pool`` answers per client location (its networks or GeoIP, with ABI 3+)."""
-    return bool(pool.networks or pool.geoip is not None) and abi >= 3
-
-
-@dataclass(frozen=True, slots=True)
-class PartsJob:
-    """What :func:`cycle_parts` needs to compute a pool's costly part (picklable)."""
-
-    abi: int
-    pool: Pool
-    zone_id: int
-    any_static: Fragments | None  # the static records' ANY reply at the pool's name
-    stale: bool
-
-
-@dataclass(frozen=True, slots=True)
-class CycleParts:
-    """The costly part of a pool's replies, without any randomness or state (picklable): its
-    answer cycles (:func:`dnslb.selection.pool_answers`) as reply fragments. :func:`_assemble`
-    makes the replies of a :class:`CompiledPool` from it."""
-
-    v4: list[Fragments]
-    v6: list[Fragments]
-    answers_v4: tuple[Answer, ...]
-    answers_v6: tuple[Answer, ...]
-    any_kind: str  # "dual" (a v4 and a v6 cycle), "v6", "v4" or "none" (no address at all)
-    any_items: list[Fragments]  # the ANY cycle (its v4 half when dual)
-
-
-def cycle_parts(job: PartsJob) -> CycleParts:
-    """The answer cycles of ``job``'s pool as reply fragments: the part of compiling a plan
-    that takes time (milliseconds per pool of a hundred)."""
-    abi, pool, zone_id, any_static = job.abi, job.pool, job.zone_id, job.any_static
-    answers = pool_answers(pool, stale=job.stale)
-    v4 = [_answer_fragments(abi, answer, zone_id, "A") for answer in answers.v4]
-    v6 = [_answer_fragments(abi, answer, zone_id, "AAAA") for answer in answers.v6]
-    has_v4 = any(answer.members for answer in answers.v4)
-    has_v6 = any(answer.members for answer in answers.v6)
-    if has_v4 and has_v6:
-        kind, items = "dual", _with_static(any_static, [_open(f) for f in v4])
-    elif has_v6:
-        kind, items = "v6", _with_static(any_static, v6)
-    elif has_v4 or any_static is not None:
-        kind, items = "v4", _with_static(any_static, v4)
-    else:
-        kind, items = "none", [_no_address(abi, pool, zone_id)] * len(v4)
-    return CycleParts(v4, v6, answers.v4, answers.v6, kind, items)
-
-
-def _assemble(
-    pool: Pool,
-    static: dict[bytes, Reply],
-    parts: CycleParts,
-    *,
-    rng: random.Random,
-    explain: bool = False,
-) -> CompiledPool:
-    """A pool's replies from its :class:`CycleParts`: each cycle walked by its own rotation
-    (a random start drawn from ``rng``), its positions counted."""
-    compiled = CompiledPool(name=pool.name, replies=dict(static))
-    if explain:
-        compiled.explain = explanation.member_lines(
-            pool, PoolAnswers(v4=parts.answers_v4, v6=parts.answers_v6)
-        )
-
-    def counted(items: list[Fragments], family: tuple[Answer, ...]) -> Iterator[Fragments]:
-        counts = [0] * len(items)
-        compiled.counters.append((family, counts))
-        return rotation(items, random.Random(rng.getrandbits(64)), counts)
-
-    # The plan never holds static A, AAAA or CNAME records at a pool's name.
-    compiled.replies[b"A"] = counted(parts.v4, parts.answers_v4)
-    compiled.replies[b"AAAA"] = counted(parts.v6, parts.answers_v6)
-    if parts.any_kind == "dual":
-        # Two cycles of different lengths: each query takes the next answer of both.
-        first = counted(parts.any_items, parts.answers_v4)
-        compiled.replies[b"ANY"] = map(concat, first, counted(parts.v6, parts.answers_v6))
-    elif parts.any_kind == "v6":
-        compiled.replies[b"ANY"] = counted(parts.any_items, parts.answers_v6)
-    else:
-        compiled.replies[b"ANY"] = counted(parts.any_items, parts.answers_v4)
-    return compiled
-
-
 def _compile_cycles(
     abi: int,
     pool: Pool,
@@ -387,13 +280,35 @@ def _compile_cycles(
     rng: random.Random,
     explain: bool = False,
 ) -> CompiledPool:
-    parts = cycle_parts(PartsJob(abi, pool, zone_id, _fixed(static.get(b"ANY")), stale))
-    return _assemble(pool, static, parts, rng=rng, explain=explain)
+    answers = pool_answers(pool, stale=stale)
+    compiled = CompiledPool(name=pool.name, replies=dict(static))
+    if explain:
+        compiled.explain = explanation.member_lines(pool, answers)
+    v4 = [_answer_fragments(abi, answer, zone_id, "A") for answer in answers.v4]
+    v6 = [_answer_fragments(abi, answer, zone_id, "AAAA") for answer in answers.v6]
 
+    def counted(items: list[Fragments], family: tuple[Answer, ...]) -> Iterator[Fragments]:
+        counts = [0] * len(items)
+        compiled.counters.append((family, counts))
+        return rotation(items, random.Random(rng.getrandbits(64)), counts)
 
-def _fixed(reply: Reply | None) -> Fragments | None:
-    assert reply is None or isinstance(reply, tuple), "static replies are fixed fragments"
-    return reply
+    # The plan never holds static A, AAAA or CNAME records at a pool's name.
+    compiled.replies[b"A"] = counted(v4, answers.v4)
+    compiled.replies[b"AAAA"] = counted(v6, answers.v6)
+    any_static = static.get(b"ANY")
+    has_v4 = any(answer.members for answer in answers.v4)
+    has_v6 = any(answer.members for answer in answers.v6)
+    if has_v4 and has_v6:
+        # Two cycles of different lengths: each query takes the next answer of both.
+        first = counted(_with_static(any_static, [_open(f) for f in v4]), answers.v4)
+        compiled.replies[b"ANY"] = map(concat, first, counted(v6, answers.v6))
+    elif has_v6:
+        compiled.replies[b"ANY"] = counted(_with_static(any_static, v6), answers.v6)
+    elif has_v4 or any_static is not None:
+        compiled.replies[b"ANY"] = counted(_with_static(any_static, v4), answers.v4)
+    else:
+        compiled.replies[b"ANY"] = counted([_no_address(abi, pool, zone_id)] * len(v4), answers.v4)
+    return compiled
 
 
 NO_ADDRESS = '"no server can take requests now (dnslb)"'
@@ -449,19 +364,11 @@ def _open(reply: Fragments) -> Fragments:
     return (*reply[:-1], reply[-1].removesuffix(END))
 
 
-def _with_static(static: Fragments | None, answers: list[Fragments]) -> list[Fragments]:
+def _with_static(static: Reply | None, answers: list[Fragments]) -> list[Fragments]:
     if static is None:
         return answers
+    assert isinstance(static, tuple), "static replies are fixed fragments"
     return [concat(_open(static), answer) for answer in answers]
 
 
-__all__ = [
-    "AnswerTable",
-    "CompiledPool",
-    "CycleParts",
-    "PartsJob",
-    "Reply",
-    "compile_plan",
-    "cycle_parts",
-    "located",
-]
+__all__ = ["AnswerTable", "CompiledPool", "Reply", "compile_plan"]

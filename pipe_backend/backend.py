@@ -51,7 +51,6 @@ from dnslb.errors import PlanError
 from dnslb.plan import Plan
 from dnslb.plan_store import FilePlanStore, PlanStore, read_regular_file
 from pipe_backend.answers import AnswerTable, CompiledPool, Located, Reply, compile_plan
-from pipe_backend.compiler import PartsCompiler
 from pipe_backend.protocol import ABI_VERSIONS, AXFR_FIELDS, END, MAX_LINE, Q_FIELDS, log_fail
 
 log = logging.getLogger("dnslb.pipe_backend")
@@ -100,10 +99,8 @@ class PipeBackend:
         wall: Callable[[], float] = time.time,
         explain: bool = False,
         pause_collector: bool = False,
-        use_compiler: bool = False,
     ) -> None:
         self.store = store
-        self.use_compiler = use_compiler  # under serve: a compiler process (pipe_backend.compiler)
         # Under serve: the collector paused while plans load (_collector_paused), compiling paced
         # (_pace). Off for a backend driven in the caller's thread (tests).
         self.pause_collector = pause_collector
@@ -146,9 +143,6 @@ class PipeBackend:
         self._wake = threading.Event()
         self._force = False
         self._busy_since = 0.0
-        # Pools' answer cycles computed in a child process at idle priority (under serve):
-        # pipe_backend.compiler. None: on the loader thread (tests that drive poll()).
-        self.compiler: PartsCompiler | None = None
 
     # -- plan (the loader's side) ---------------------------------------------------------------
 
@@ -349,8 +343,6 @@ class PipeBackend:
                 previous=previous,
                 explain=self.explain,
                 pace=self._pace if self.pause_collector else None,
-                # The first plan is compiled here, at once: nothing is answered before it.
-                parts_of=self.compiler.parts if self.compiler and previous else None,
             )
         except Exception:  # a plan the parser let through must never stop the backend
             if plan.version != self._failed_version:
@@ -612,11 +604,6 @@ class PipeBackend:
             lines.append(f"plan source: {self.store.describe()}")
             lines.append(f"zones: {len(self.plan.zones)}, pools: {len(self.plan.pools)}")
         lines.append(f"plans refused as older than one served: {self.refused}")
-        if self.compiler is not None:
-            lines.append(
-                f"compiler process: {self.compiler.jobs} pools compiled, "
-                f"{self.compiler.failures} failures"
-            )
         lines.append(f"requests answered: {self.requests}")
         return lines
 
@@ -633,9 +620,6 @@ class PipeBackend:
         paused, self.pause_collector = self.pause_collector, True
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(_SWITCH_INTERVAL)
-        own_compiler = self.compiler is None and self.use_compiler
-        if own_compiler:
-            self.compiler = PartsCompiler()
         stop = self.start_loader()
         try:
             self._serve(fd_in, fd_out)
@@ -646,8 +630,6 @@ class PipeBackend:
             self.pause_collector = paused
             sys.setswitchinterval(switch_interval)
             gc.unfreeze()
-            if own_compiler and self.compiler is not None:
-                self.compiler.close()  # a job under way on the loader thread comes back None
 
     def _serve(self, fd_in: int, fd_out: int) -> None:
         handle = self.handle
