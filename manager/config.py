@@ -790,9 +790,11 @@ def load_manager_config(path: str | Path, *, advertise_url: str | None = None) -
     if advertise_url is not None:
         http = dataclasses.replace(config.http, advertise_url=advertise_url)
         parts = urlsplit(advertise_url)
-        problems = [p for p in http.config_problems() if p.startswith("advertise_url")]
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            problems.insert(0, f"{advertise_url[:100]!r} is not an http(s) URL")
+            problems = [f"{advertise_url[:100]!r} is not an http(s) URL"]
+        else:  # the file's own rule for http.advertise_url
+            plaintext = plaintext_url_problem("advertise_url", advertise_url, http.allow_plaintext)
+            problems = [plaintext] if plaintext else []
         if problems:
             raise ConfigError("--advertise-url", problems)
         config = dataclasses.replace(config, http=http)

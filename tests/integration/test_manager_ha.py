@@ -170,6 +170,13 @@ def _first(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> f
     return took
 
 
+def lead_then_stand_by(a: ManagerProcess, b: ManagerProcess) -> None:
+    """``a`` (started) leads in epoch 1; then ``b`` starts and stands by."""
+    _first(lambda: role(a) == ("leader", 1), "a leads")
+    b.start()
+    _first(lambda: role(b) == ("standby", 0), "b stands by")
+
+
 def test_kill_the_leader_during_a_scale_out(tmp_path: Path, shared: Path) -> None:
 
     root = shared / "providers" / "www"
@@ -180,9 +187,7 @@ def test_kill_the_leader_during_a_scale_out(tmp_path: Path, shared: Path) -> Non
         peers(a, b)
         a.start()
         try:
-            _first(lambda: role(a) == ("leader", 1), "a leads")
-            b.start()
-            _first(lambda: role(b) == ("standby", 0), "b stands by")
+            lead_then_stand_by(a, b)
             # a scales the pool out from nothing; kill it once a launch is under way and at
             # least one server's directory exists (the provider was called)
             _first(
@@ -247,9 +252,7 @@ def test_a_leader_cut_off_from_the_database_stops_before_another_leads(
         with proxy:
             a.start()
             try:
-                _first(lambda: role(a) == ("leader", 1), "a leads")
-                b.start()
-                _first(lambda: role(b) == ("standby", 0), "b stands by")
+                lead_then_stand_by(a, b)
                 proxy.sever()  # a alone loses its database; b keeps it
                 cut = time.monotonic()
                 seen: list[tuple[float, str, tuple[str, int] | None]] = []
@@ -296,9 +299,7 @@ def test_a_leader_stopped_cleanly_leaves_its_servers_to_the_standby(
         peers(a, b)
         a.start()
         try:
-            _first(lambda: role(a) == ("leader", 1), "a leads")
-            b.start()
-            _first(lambda: role(b) == ("standby", 0), "b stands by")
+            lead_then_stand_by(a, b)
 
             def active() -> set[str]:
                 return {sid for sid, (state, _) in servers(cluster).items() if state == "active"}

@@ -34,6 +34,7 @@ from tests.integration.test_manager_ha import (
     SERVERS,
     _first,
     lab_processes,
+    lead_then_stand_by,
     manager_in,
     peers,
     recorded_pids,
@@ -162,9 +163,7 @@ def test_kill_the_leader_during_a_scale_out_under_load(tmp_path: Path, shared: P
             peers(a, b)
             a.start()
             try:
-                _first(lambda: role(a) == ("leader", 1), "a leads")
-                b.start()
-                _first(lambda: role(b) == ("standby", 0), "b stands by")
+                lead_then_stand_by(a, b)
                 reader = open_store(store.url())
                 _first(lambda: _plan_epoch(reader) == 1, "a publishes")
                 dns = PdnsServer(PdnsSettings(plan=store.url(), port=free_port()), tmp_path / "dns")

@@ -129,6 +129,6 @@ def test_members_as_the_manager_writes_them_take_the_short_way() -> None:
         assert in_full(item | bad)[1] != []  # a problem (an unknown field still reads a member)
 
 
-def test_a_whole_plan_reads_back_the_same_either_way() -> None:
+def test_a_writers_whole_plan_reads_back_equal_through_the_short_way() -> None:
     plan = fleet_plan(1000)
     assert parse_plan_json(plan_to_json(plan)) == plan
