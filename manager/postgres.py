@@ -8,7 +8,8 @@ manager that lost its lease raises :class:`~manager.leadership.Fenced` and chang
 
 The schema is created (or migrated) when the store opens, under an advisory lock so that two
 managers starting together do not race; its version is the ``schema_version`` row of
-``dnslb_meta``. A database of a newer schema than this dnslb knows is refused.
+``dnslb_meta``. A database already at this version is only read (no DDL beside a leader's
+writes), and a database of a newer schema than this dnslb knows is refused.
 
 Rows are read back bounded like any input: at most :data:`MAX_SERVERS` servers and
 :data:`MAX_POOLS` pools; a row whose fields are not what this dnslb writes (a wrong type, an
@@ -99,6 +100,18 @@ _SCHEMA = [
     LEASE_TABLE,
 ]
 
+_VERSION_QUERY = "SELECT value FROM dnslb_meta WHERE key = 'schema_version'"
+
+
+def _schema_version(value: object) -> int:
+    """The schema version a database holds; RuntimeError for one unreadable or newer."""
+    if not (isinstance(value, str) and value.isdigit() and len(value) < 10):
+        raise RuntimeError(f"state database: unreadable schema version {value!r:.40}")
+    if int(value) > SCHEMA_VERSION:
+        raise RuntimeError(f"state database: schema {value}, this dnslb knows {SCHEMA_VERSION}")
+    return int(value)
+
+
 _SERVER_COLUMNS = (
     "id, pool, address, check_address, origin, state, state_reason, state_since, admin_paused, "
     "created_at, serving_since, terminated_at, max_concurrency, token_hash, provider_ref, data"
@@ -177,24 +190,29 @@ class PostgresStateStore(Store):
         self._create_schema()
 
     def _create_schema(self) -> None:
+        """Create the tables, unless the database already holds this version's schema: then
+        nothing but one read. ``CREATE INDEX IF NOT EXISTS`` locks its table before it finds the
+        index there, so running the schema again at every open had a manager starting beside a
+        busy leader take table locks in another order than the leader's writes: PostgreSQL
+        found a deadlock and the starting manager exited (seen in CI)."""
+        try:
+            row = self._conn.execute(_VERSION_QUERY).fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+        if row is not None and _schema_version(row[0]) == SCHEMA_VERSION:
+            return
         with self._conn.transaction():
             self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
             for statement in _SCHEMA:
                 self._conn.execute(statement)
-            row = self._conn.execute(
-                "SELECT value FROM dnslb_meta WHERE key = 'schema_version'"
-            ).fetchone()
+            row = self._conn.execute(_VERSION_QUERY).fetchone()
             if row is None:
                 self._conn.execute(
                     "INSERT INTO dnslb_meta (key, value) VALUES ('schema_version', %s)",
                     (str(SCHEMA_VERSION),),
                 )
-            elif not (isinstance(row[0], str) and row[0].isdigit() and len(row[0]) < 10):
-                raise RuntimeError(f"state database: unreadable schema version {row[0]!r:.40}")
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"state database: schema {row[0]}, this dnslb knows {SCHEMA_VERSION}"
-                )
+            else:
+                _schema_version(row[0])
 
     def close(self) -> None:
         self._conn.close()

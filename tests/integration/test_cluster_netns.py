@@ -190,7 +190,7 @@ def test_a_killed_node_fails_over_within_half_a_second_and_new_connections_succe
         f"{len(results)} in all, {len(started_after_kill)} started after the kill, of which "
         f"{len(failed_after_kill)} failed and {len(retried)} succeeded on a SYN retry; "
         f"{len(failed_before_kill)} failed among those started before; owners "
-        f"{dict(sorted(Counter(r[1] for r in results).items()))}"
+        f"{dict(sorted(Counter(str(r[1]) for r in results).items()))}"  # None: failed
     )
     assert moved_at - killed_at < 0.5
     assert failed_after_kill == []

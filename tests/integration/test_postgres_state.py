@@ -189,6 +189,21 @@ def test_a_newer_schema_is_refused(db: Callable[[], Any]) -> None:
         PostgresStateStore(db)
 
 
+def test_opening_beside_a_writer_takes_no_table_lock(cluster: PostgresCluster, db: Any) -> None:
+    """A manager starting while the leader's write transaction is open: the schema is there,
+    so the open only reads. (Running the schema again took ShareLock on the tables the leader
+    was writing, in another order: a deadlock in CI, the starting manager exited.)"""
+    PostgresStateStore(db).close()
+    writer = db()
+    with writer.transaction():
+        writer.execute(
+            "INSERT INTO dnslb_events (time, kind, reason) VALUES (1, 'test', 'held open')"
+        )
+        writer.execute("UPDATE dnslb_servers SET state = state")
+        impatient = connect(cluster.url, statement_timeout=1.0)  # a lock wait fails in 1 s
+        PostgresStateStore(lambda: impatient).close()
+
+
 # -- the lease --------------------------------------------------------------------------------
 
 
