@@ -293,16 +293,41 @@ def family_answers(
     if not active:
         chosen = fallback_members(members, pool.fallback, pool.k)
         return (Answer(members=chosen, ttl=pool.ttl_floor, fallback=True),)
-    weights = [member.weight for member in active]
-    if sum(weights) <= 0:  # only zero weights left: they are still healthy, share alike
-        weights = [1.0] * len(active)
-    counts = quantize(weights, resolution)
+    counts = _slots(active, resolution)
     scale = cycle_scale(counts, pool.k)
     answers: list[Answer] = []
     for indices in cycle_answers([count * scale for count in counts], pool.k):
         chosen = tuple(active[index] for index in indices)
         answers.append(Answer(members=chosen, ttl=answer_ttl(chosen, pool, stale=stale)))
     return tuple(answers)
+
+
+def _slots(active: Sequence[Member], resolution: int) -> list[int]:
+    weights = [member.weight for member in active]
+    if sum(weights) <= 0:  # only zero weights left: they are still healthy, share alike
+        weights = [1.0] * len(active)
+    return quantize(weights, resolution)
+
+
+FamilyKey = tuple[object, ...]
+
+
+def family_key(
+    members: Sequence[Member], pool: Pool, *, stale: bool, resolution: int = DEFAULT_RESOLUTION
+) -> FamilyKey:
+    """Everything :func:`family_answers` over ``members`` depends on, as one value: two calls
+    with equal keys give the same cycle (the same ids, addresses and TTLs at every position).
+
+    A weight counts only as the slots it quantizes to, and a utilization only where it orders
+    a fallback: the manager moves both a little at every tick, and a pool whose cycle did not
+    change is then not computed again (the pipe backend keeps cycles by this key).
+    """
+    active = [member for member in members if member.state is MemberState.ACTIVE]
+    shape = tuple((m.id, m.address, m.state, m.ttl) for m in members)
+    common = (pool.k, pool.ttl_floor, stale, resolution, shape)
+    if not active:
+        return (*common, pool.fallback, tuple(m.utilization for m in members))
+    return (*common, tuple(_slots(active, resolution)))
 
 
 def answer_ttl(members: Sequence[Member], pool: Pool, *, stale: bool) -> int:

@@ -18,12 +18,19 @@ import logging
 import os
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
 from dnslb.geoip import GeoIpDatabase, GeoIpError, database_file
 from dnslb.plan import MemberState, Plan, Pool
-from dnslb.selection import Answer, answer_counts, pool_answers, rotation
+from dnslb.selection import (
+    Answer,
+    PoolAnswers,
+    answer_counts,
+    family_answers,
+    family_key,
+    rotation,
+)
 from dnslb.topology import NetworkTable, located_pool, location_shares
 from pipe_backend import explain as explanation
 from pipe_backend.protocol import (
@@ -81,6 +88,9 @@ Reply = Fragments | Iterator[Fragments] | Located
 """Fixed fragments, an iterator giving the next answer's fragments at each query, or a
 :class:`Located` choosing among iterators by the client's location."""
 
+Family = tuple[tuple[Answer, ...], list[Fragments]]
+"""One address family's answer cycle and each answer's fragments."""
+
 
 @dataclass(slots=True)
 class CompiledPool:
@@ -91,6 +101,10 @@ class CompiledPool:
     counters: list[tuple[tuple[Answer, ...], list[int]]] = field(default_factory=list)
     explain: tuple[str, ...] = ()  # its members as the debug TXT says them (when on)
     transfer: bytes = b""  # its active members' DATA lines in a zone transfer
+    transfer_key: Hashable = None  # what ``transfer`` was made from (_transfer_lines)
+    # Its answer cycles and their fragments by what they were computed from (_family): the next
+    # plan's version of the pool takes those whose inputs did not change.
+    families: dict[Hashable, Family] = field(default_factory=dict)
 
     def answer_counts(self) -> dict[str, tuple[int, int]]:
         """Per member id: (answers it came first in, answers it was in), over every query type."""
@@ -131,7 +145,11 @@ def compile_plan(
     each pool compiled anew (the loader's chance to rest: see :class:`pipe_backend.backend`).
 
     Pools unchanged since ``previous`` (same members, same ABI and staleness) keep their compiled
-    replies and their place in the cycle, so a plan that only refreshed its age costs little.
+    replies and their place in the cycle, so a plan that only refreshed its age costs little. A
+    changed pool takes from its ``previous`` version the answer cycles whose inputs are the same
+    (:func:`dnslb.selection.family_key`: weights that quantize to the same slots, the same ids,
+    addresses, states and TTLs), which is most of them when the manager only moved weights and
+    utilizations a little; those cycles start again at a random place.
     With ``explain``, each pool also answers TXT at ``_dnslb-explain.<name>``
     (:mod:`pipe_backend.explain`), unless the plan has a record of its own there.
     """
@@ -156,16 +174,25 @@ def compile_plan(
 
     compiled_pools: dict[PoolKey, CompiledPool] = {}
     old_pools = previous.pools if previous is not None else {}
+    old_by_name = {compiled.name: compiled for compiled in old_pools.values()}
     for pool in plan.pools:
         zone_id = plan.zone_of(pool.name) or 0
         prefix = names.get(pool.name.encode("ascii"), {})
         key = (pool, abi, stale, zone_id, tuple(prefix.items()))
         compiled = old_pools.get(key)
         if compiled is None:
+            before = old_by_name.get(pool.name)
             compiled = _compile_pool(
-                abi, pool, zone_id, prefix, stale=stale, rng=rng, explain=explain
+                abi,
+                pool,
+                zone_id,
+                prefix,
+                stale=stale,
+                rng=rng,
+                explain=explain,
+                families=before.families if before is not None else None,
             )
-            compiled.transfer = _transfer_lines(abi, pool, zone_id)
+            compiled.transfer_key, compiled.transfer = _transfer_lines(abi, pool, zone_id, before)
             if pace is not None:
                 pace()
         compiled_pools[key] = compiled
@@ -210,11 +237,15 @@ def _compile_pool(
     stale: bool,
     rng: random.Random,
     explain: bool = False,
+    families: dict[Hashable, Family] | None = None,
 ) -> CompiledPool:
     """Replies of a load-balanced name: A, AAAA and ANY cycles, after any static records;
     per client location with ``networks`` and ABI 3+ (before it pdns caches every answer, so
-    no answer may depend on the client)."""
-    compiled = _compile_cycles(abi, pool, zone_id, static, stale=stale, rng=rng, explain=explain)
+    no answer may depend on the client). ``families``: the previous version's cycles."""
+    previous = families if families is not None else {}
+    compiled = _compile_cycles(
+        abi, pool, zone_id, static, stale=stale, rng=rng, explain=explain, previous=previous
+    )
     if (not pool.networks and pool.geoip is None) or abi < 3:
         return compiled
     table = NetworkTable(pool.networks, _open_geoip(pool))
@@ -222,8 +253,11 @@ def _compile_pool(
     located = []
     for location in table.locations:
         local = located_pool(pool, shares.get(location, {location: 1.0}))
-        located.append(_compile_cycles(abi, local, zone_id, static, stale=stale, rng=rng))
+        located.append(
+            _compile_cycles(abi, local, zone_id, static, stale=stale, rng=rng, previous=previous)
+        )
         compiled.counters += located[-1].counters
+        compiled.families.update(located[-1].families)
     for rtype in (b"A", b"AAAA", b"ANY"):
         cycles = tuple(_iterator(sub.replies[rtype]) for sub in located)
         compiled.replies[rtype] = Located(table, cycles, _iterator(compiled.replies[rtype]))
@@ -279,13 +313,15 @@ def _compile_cycles(
     stale: bool,
     rng: random.Random,
     explain: bool = False,
+    previous: dict[Hashable, Family],
 ) -> CompiledPool:
-    answers = pool_answers(pool, stale=stale)
     compiled = CompiledPool(name=pool.name, replies=dict(static))
+    kept = compiled.families
+    v4_answers, v4 = _family(abi, pool, zone_id, "A", stale=stale, previous=previous, kept=kept)
+    v6_answers, v6 = _family(abi, pool, zone_id, "AAAA", stale=stale, previous=previous, kept=kept)
+    answers = PoolAnswers(v4=v4_answers, v6=v6_answers)
     if explain:
         compiled.explain = explanation.member_lines(pool, answers)
-    v4 = [_answer_fragments(abi, answer, zone_id, "A") for answer in answers.v4]
-    v6 = [_answer_fragments(abi, answer, zone_id, "AAAA") for answer in answers.v6]
 
     def counted(items: list[Fragments], family: tuple[Answer, ...]) -> Iterator[Fragments]:
         counts = [0] * len(items)
@@ -311,6 +347,29 @@ def _compile_cycles(
     return compiled
 
 
+def _family(
+    abi: int,
+    pool: Pool,
+    zone_id: int,
+    rtype: str,
+    *,
+    stale: bool,
+    previous: dict[Hashable, Family],
+    kept: dict[Hashable, Family],
+) -> Family:
+    """The answer cycle of ``pool``'s members of one address family and its fragments: the
+    previous version's when its inputs are the same, else computed (the costly part of a plan:
+    scheduling a cycle of a few hundred answers per pool). Kept in ``kept`` for the next."""
+    members = [member for member in pool.members if member.ipv6 == (rtype == "AAAA")]
+    key = (abi, zone_id, rtype, family_key(members, pool, stale=stale))
+    family = previous.get(key)
+    if family is None:
+        answers = family_answers(members, pool, stale=stale)
+        family = (answers, [_answer_fragments(abi, answer, zone_id, rtype) for answer in answers])
+    kept[key] = family
+    return family
+
+
 NO_ADDRESS = '"no server can take requests now (dnslb)"'
 
 
@@ -324,14 +383,21 @@ def _no_address(abi: int, pool: Pool, zone_id: int) -> Fragments:
     return fragments(abi, [Rdata("TXT", pool.ttl_floor, NO_ADDRESS, dynamic=True)], zone_id)
 
 
-def _transfer_lines(abi: int, pool: Pool, zone_id: int) -> bytes:
+def _transfer_lines(
+    abi: int, pool: Pool, zone_id: int, previous: CompiledPool | None
+) -> tuple[Hashable, bytes]:
+    """The pool's lines in a zone transfer (its active members), and what they are made from:
+    ``previous``'s lines when that is the same."""
+    active = [member for member in pool.members if member.state is MemberState.ACTIVE]
+    ttls = [max(member.ttl, pool.ttl_floor) for member in active]
+    key = (abi, pool.name, zone_id, tuple(member.address for member in active), tuple(ttls))
+    if previous is not None and previous.transfer_key == key:
+        return key, previous.transfer
     lines = []
-    for member in pool.members:
-        if member.state is MemberState.ACTIVE:
-            rtype = "AAAA" if member.ipv6 else "A"
-            rdata = Rdata(rtype, max(member.ttl, pool.ttl_floor), member.address)
-            lines.append(data_line(abi, pool.name, rdata, zone_id))
-    return b"".join(lines)
+    for member, ttl in zip(active, ttls, strict=True):
+        rdata = Rdata("AAAA" if member.ipv6 else "A", ttl, member.address)
+        lines.append(data_line(abi, pool.name, rdata, zone_id))
+    return key, b"".join(lines)
 
 
 def _add_explanation(

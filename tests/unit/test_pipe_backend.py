@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -15,9 +16,11 @@ from typing import Any
 
 import pytest
 
+from bench.fleet_plan import fleet_plan
 from daemons.pdns import pipe_command
 from dnslb.plan_store import FilePlanStore, last_good_store
-from pipe_backend.answers import NO_ADDRESS
+from pipe_backend import answers as answers_module
+from pipe_backend.answers import NO_ADDRESS, compile_plan
 from pipe_backend.backend import PipeBackend
 from pipe_backend.command import default_state_dir
 from pipe_backend.protocol import MAX_LINE
@@ -380,6 +383,48 @@ def test_an_unchanged_pool_keeps_its_compiled_replies(plan_path: Path) -> None:
     backend.poll()
     assert backend.plan is not None and backend.plan.version == 8
     assert backend.table.names[b"www.example.test"] is before
+
+
+def test_a_changed_pool_computes_again_only_what_its_change_reaches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The manager moves every weight and utilization a little at each tick: a pool whose
+    weights still quantize to the same slots keeps its cycles, and the result is the same as
+    compiling the plan from nothing."""
+    plan = fleet_plan(300)  # three pools of 100
+    first = compile_plan(plan, 5, stale=False, rng=random.Random(1))
+    pools = list(plan.pools)
+    pools[0] = dataclasses.replace(
+        pools[0],
+        members=tuple(
+            dataclasses.replace(m, weight=m.weight * 1.0001, utilization=0.7)
+            for m in pools[0].members
+        ),
+    )
+    ttl_changed = dataclasses.replace(pools[1].members[0], ttl=7)
+    pools[1] = dataclasses.replace(pools[1], members=(ttl_changed, *pools[1].members[1:]))
+    later = dataclasses.replace(plan, version=2, pools=tuple(pools))
+    computed: list[str] = []
+    compute = answers_module.family_answers
+
+    def counted(members: Any, pool: Any, **options: Any) -> Any:
+        computed.append(pool.name)
+        return compute(members, pool, **options)
+
+    monkeypatch.setattr(answers_module, "family_answers", counted)
+    second = compile_plan(later, 5, stale=False, rng=random.Random(2), previous=first)
+    assert computed == [pools[1].name]  # its IPv4 cycle (it has no IPv6 member)
+
+    monkeypatch.setattr(answers_module, "family_answers", compute)
+    fresh = compile_plan(later, 5, stale=False, rng=random.Random(3))
+    assert [c.transfer for c in second.pools.values()] == [c.transfer for c in fresh.pools.values()]
+    for kept, anew in zip(second.pools.values(), fresh.pools.values(), strict=True):
+        assert [f for _, f in kept.families.values()] == [f for _, f in anew.families.values()]
+    kept_pools = list(second.pools.values())
+    assert b"\t7\t" in b"".join(
+        b"".join(fragment) for _, fs in kept_pools[1].families.values() for fragment in fs
+    )
+    assert kept_pools[0].transfer is next(iter(first.pools.values())).transfer
 
 
 # -- the loop over real pipes -------------------------------------------------------------------

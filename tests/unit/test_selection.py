@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from dnslb.plan import Fallback, Member, MemberState, Pool
 from dnslb.selection import (
+    Answer,
+    FamilyKey,
     answer_ttl,
     appearance_targets,
     cycle_answers,
     fallback_members,
+    family_answers,
+    family_key,
     pool_answers,
     quantize,
     rotation,
@@ -290,3 +298,89 @@ def test_rotation_visits_every_position_even_when_every_second_answer_is_taken()
 
 def test_rotation_of_one_item_repeats_it() -> None:
     assert list(itertools.islice(rotation(["only"], random.Random(0)), 3)) == ["only"] * 3
+
+
+# -- family_key: what a cycle depends on (the pipe backend keeps cycles by it) -----------------
+
+STATES = st.sampled_from(list(MemberState))
+
+
+@st.composite
+def moved_families(draw: st.DrawFn) -> tuple[Pool, Pool]:
+    """A pool and the same pool a tick later: weights and utilizations moved a little (often
+    not enough to change a slot), now and then a TTL or a state."""
+    size = draw(st.integers(1, 12))
+    members = []
+    moved = []
+    for index in range(size):
+        weight = draw(st.sampled_from([0.0, 1.0, 7.5, 20.0, 99.0]) | st.floats(0.0, 100.0))
+        state = draw(STATES)
+        one = member(f"m{index}", weight, draw(st.integers(1, 60)), state, draw(st.floats(0, 1)))
+        factor = 1.0 + draw(st.sampled_from([0.0, 0.0001, -0.001, draw(st.floats(-0.05, 0.05))]))
+        other = dataclasses.replace(
+            one,
+            weight=min(100.0, one.weight * factor),
+            utilization=draw(st.sampled_from([one.utilization, draw(st.floats(0, 1))])),
+            ttl=draw(st.sampled_from([one.ttl] * 9 + [one.ttl + 1])),
+            state=draw(st.sampled_from([state] * 9 + [draw(STATES)])),
+        )
+        members.append(one)
+        moved.append(other)
+    k = draw(st.integers(1, 4))
+    fallback = draw(st.sampled_from(list(Fallback)))
+    return pool(*members, k=k, fallback=fallback), pool(*moved, k=k, fallback=fallback)
+
+
+def shown(answers: tuple[Answer, ...]) -> list[tuple[tuple[str, ...], tuple[str, ...], int, bool]]:
+    """What a cycle's answers say (ids, addresses, TTL, fallback) at each position."""
+    return [
+        (
+            tuple(m.id for m in answer.members),
+            tuple(m.address for m in answer.members),
+            answer.ttl,
+            answer.fallback,
+        )
+        for answer in answers
+    ]
+
+
+@settings(max_examples=400)
+@given(moved_families(), st.booleans())
+def test_equal_family_keys_give_equal_cycles(pools: tuple[Pool, Pool], stale: bool) -> None:
+    before, after = pools
+    same_key = family_key(before.members, before, stale=stale) == family_key(
+        after.members, after, stale=stale
+    )
+    same_cycle = shown(family_answers(before.members, before, stale=stale)) == shown(
+        family_answers(after.members, after, stale=stale)
+    )
+    assert same_cycle or not same_key
+    event("same key" if same_key else "another key")
+
+
+def test_a_family_key_changes_with_what_an_answer_says() -> None:
+    members = (member("a", 3.0, ttl=30), member("b", 1.0, ttl=40), member("c", 2.0))
+    base = pool(*members)
+
+    def key(*changed: Member, **fields: Any) -> FamilyKey:
+        changed_pool = dataclasses.replace(base, members=changed or members, **fields)
+        return family_key(changed_pool.members, changed_pool, stale=False)
+
+    original = key()
+    assert key(dataclasses.replace(members[0], weight=3.001), *members[1:]) == original
+    assert key(dataclasses.replace(members[0], utilization=0.9), *members[1:]) == original
+    changed_keys = [
+        key(dataclasses.replace(members[0], weight=6.0), *members[1:]),  # other slots
+        key(dataclasses.replace(members[0], ttl=29), *members[1:]),
+        key(dataclasses.replace(members[0], address="10.1.1.1"), *members[1:]),
+        key(dataclasses.replace(members[0], state=MemberState.PAUSED), *members[1:]),
+        key(*members[:2]),
+        key(k=3),
+        key(ttl_floor=6),
+    ]
+    assert all(changed != original for changed in changed_keys)
+    assert family_key(members, base, stale=True) != original
+    # With nobody active, the fallback's order (by utilization) and policy count too.
+    paused = tuple(dataclasses.replace(m, state=MemberState.PAUSED) for m in members)
+    assert key(*paused) != key(dataclasses.replace(paused[0], utilization=0.5), *paused[1:])
+    assert key(*paused) != key(*paused, fallback=Fallback.NODATA)
