@@ -84,13 +84,31 @@ def fleet_plan(members: int, version: int = 1, *, pool_size: int = POOL_SIZE) ->
     )
 
 
-def changed(plan: Plan, version: int, fraction: float, rng: random.Random) -> Plan:
+CHURNS = ("reshuffle", "drift")
+"""How a changed pool's members change: ``reshuffle`` draws new weights (1 to 19) and
+utilizations, so every answer cycle changes (a load that swings: the manager under a noisy load
+moves weights that much); ``drift`` moves each weight by up to 0.1 % and each utilization by up
+to 0.002, as the manager does under a steady load (measured: weights move by hundredths,
+utilizations by thousandths), so most cycles keep their slots."""
+
+
+def changed(
+    plan: Plan, version: int, fraction: float, rng: random.Random, churn: str = "reshuffle"
+) -> Plan:
     """``plan`` a second later: a new version and age, ``fraction`` of its pools' members with
-    new weights and utilizations (as the manager's reports move them)."""
+    new weights and utilizations (as the manager's reports move them, :data:`CHURNS`)."""
     pools = list(plan.pools)
     for index in rng.sample(range(len(pools)), max(1, round(len(pools) * fraction))):
         members = tuple(
             dataclasses.replace(
+                member,
+                weight=round(member.weight * (1 + rng.uniform(-0.001, 0.001)), 2),
+                utilization=round(
+                    min(1.0, max(0.0, member.utilization + rng.uniform(-2, 2) / 1e3)), 3
+                ),
+            )
+            if churn == "drift"
+            else dataclasses.replace(
                 member, weight=float(rng.randrange(1, 20)), utilization=rng.random()
             )
             for member in pools[index].members
@@ -201,7 +219,7 @@ def measure_load(python: str, workdir: Path, members: int, rng: random.Random) -
 
 
 @contextlib.contextmanager
-def publisher(store: FilePlanStore, plan: Plan, fraction: float) -> Iterator[list[int]]:
+def publisher(store: FilePlanStore, plan: Plan, fraction: float, churn: str) -> Iterator[list[int]]:
     """Publish a changed ``plan`` every second until the block ends; yields [plans published]."""
     stop = threading.Event()
     count = [0]
@@ -210,7 +228,7 @@ def publisher(store: FilePlanStore, plan: Plan, fraction: float) -> Iterator[lis
         rng = random.Random(7)
         current = plan
         while not stop.wait(1.0 - time.time() % 1.0):
-            current = changed(current, current.version + 1, fraction, rng)
+            current = changed(current, current.version + 1, fraction, rng, churn)
             store.publish(current)
             count[0] += 1
 
@@ -258,7 +276,8 @@ def measure_qps(opts: argparse.Namespace, trees: list[tuple[str, Path]], workdir
         say(
             f"\np50/p99 at 2,000 QPS, {opts.members:,} members in pools of {POOL_SIZE}, "
             f"{opts.rounds} interleaved rounds of {opts.seconds:g} s; the changing plan "
-            f"republished every second with {opts.changed:.0%} of its pools changed"
+            f"republished every second with {opts.changed:.0%} of its pools changed "
+            f"({opts.churn})"
         )
         for round_index in range(opts.rounds):
             shift = round_index % len(servers)
@@ -267,7 +286,9 @@ def measure_qps(opts: argparse.Namespace, trees: list[tuple[str, Path]], workdir
                     # The publisher's own work (building and writing a plan a second, on these
                     # same 2 CPUs) runs in both conditions; only the changing server reads it.
                     target = store if condition == "changing" else decoys[server.settings.port]
-                    count = changing.enter_context(publisher(target, plan, opts.changed))
+                    count = changing.enter_context(
+                        publisher(target, plan, opts.changed, opts.churn)
+                    )
                     result = dnsperf(
                         server.settings.port,
                         datafile,
@@ -316,6 +337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load-members", type=int, default=100_000, help="of the big plan")
     parser.add_argument(
         "--changed", type=float, default=0.1, help="fraction of pools changed a second (>= 1)"
+    )
+    parser.add_argument(
+        "--churn",
+        choices=CHURNS,
+        default="reshuffle",
+        help="how a changed pool changes: new weights (reshuffle) or the manager's drift",
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per condition (3)")
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds per round (8)")
