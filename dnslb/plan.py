@@ -19,7 +19,7 @@ import math
 import re
 import reprlib
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -337,12 +337,18 @@ def _kind(value: object) -> str:
     )
 
 
-def parse_plan(document: object, *, known: Sequence[Pool | None] = ()) -> Plan:
+def parse_plan(
+    document: object,
+    *,
+    known: Sequence[Pool | None] = (),
+    pace: Callable[[], None] | None = None,
+) -> Plan:
     """Validate a decoded plan document and build the :class:`Plan`.
 
     ``known[i]``, when given and not None, is the pool ``pools[i]`` was already read as (its
     exact JSON text was validated before: :class:`PoolCache`); it is taken without checking the
-    item again. Raises :class:`PlanError` listing every problem found, each with its path.
+    item again. ``pace`` is called after each pool validated (:attr:`PoolCache.pace`). Raises
+    :class:`PlanError` listing every problem found, each with its path.
     """
     reader = _Reader()
     top = reader.mapping(
@@ -379,6 +385,8 @@ def parse_plan(document: object, *, known: Sequence[Pool | None] = ()) -> Plan:
         pool = known[index] if index < len(known) else None
         if pool is None:
             pool = _parse_pool(reader, item, f"pools[{index}]")
+            if pace is not None:
+                pace()
         if pool is None:
             continue
         if zones and not any(is_within(pool.name, zone.name) for zone in zones):
@@ -917,6 +925,9 @@ class PoolCache:
         self.pools: dict[str, Pool] = {}
         self.order: list[str] = []  # the last plan's pool texts in its order
         self.reused = 0  # pools the last plan took from the cache (for tests and benchmarks)
+        # Called after each pool decoded or validated anew: a reader on a thread may rest there
+        # (the pipe backend's loader paces itself so that its query loop keeps a CPU).
+        self.pace: Callable[[], None] | None = None
 
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -999,6 +1010,8 @@ def _split_items(text: str, at: int, cache: PoolCache, split: _Split) -> int:
             value, end = _DECODER.raw_decode(text, at)
             span = text[at:end]
             pool = cache.pools.get(span)
+            if cache.pace is not None:
+                cache.pace()
         items.append(None if pool is not None else value)
         split.spans.append(span)
         split.known.append(pool)
@@ -1020,7 +1033,7 @@ def parse_plan_json(text: str | bytes, *, cache: PoolCache | None = None) -> Pla
             decoded = None
         split = _split_pools(decoded, cache) if decoded is not None else None
         if split is not None:
-            plan = parse_plan(split.document, known=split.known)
+            plan = parse_plan(split.document, known=split.known, pace=cache.pace)
             cache.pools = dict(zip(split.spans, plan.pools, strict=True))
             cache.order = split.spans
             cache.reused = sum(pool is not None for pool in split.known)

@@ -191,6 +191,7 @@ class PipeBackend:
                     self._compile(self._loaded, stale)
 
     def _load(self, stamp: Hashable | None) -> None:
+        self._busy_since = time.perf_counter()
         with self._collector_paused():
             problem = "is missing"
             plan = None
@@ -618,6 +619,7 @@ class PipeBackend:
         interpreter lock instead of 5 ms. Both are undone when it returns (tests serve in
         their own process)."""
         paused, self.pause_collector = self.pause_collector, True
+        self.store.pool_cache.pace = self._pace  # reading a plan is paced as compiling it is
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(_SWITCH_INTERVAL)
         stop = self.start_loader()
@@ -628,6 +630,7 @@ class PipeBackend:
             self._wake.set()
             self.write_stats()  # the last counts of this coprocess
             self.pause_collector = paused
+            self.store.pool_cache.pace = None
             sys.setswitchinterval(switch_interval)
             gc.unfreeze()
 

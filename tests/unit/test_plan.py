@@ -394,6 +394,22 @@ def test_a_cache_reuses_pools_whose_text_is_unchanged() -> None:
     assert second == parse_plan_json(json.dumps(doc))
 
 
+def test_a_cache_lets_its_reader_rest_after_each_pool_read_anew() -> None:
+    """The pipe backend's loader paces itself while it reads a plan (PoolCache.pace): once when
+    a changed pool is decoded and once when it is validated; a pool taken whole, not at all."""
+    cache = PoolCache()
+    rests: list[int] = []
+    cache.pace = lambda: rests.append(1)
+    parse_plan_json(json.dumps(plan_doc()), cache=cache)
+    assert len(rests) == 2 * len(plan_doc()["pools"])
+    rests.clear()
+    doc = plan_doc(version=8)
+    doc["pools"][1]["k"] = 3
+    parse_plan_json(json.dumps(doc), cache=cache)
+    assert cache.reused == len(doc["pools"]) - 1
+    assert len(rests) == 2
+
+
 def test_a_cache_compares_the_pool_text_byte_for_byte() -> None:
     cache = PoolCache()
     parse_plan_json(json.dumps(plan_doc()), cache=cache)
