@@ -22,7 +22,9 @@ served. A manager elected later has a higher epoch, so a deposed one still writi
 
 A big plan must not stall answers either (``bench/fleet_plan.py``, ``docs/pdns.md``): the store
 validates only pools whose text changed (:class:`~dnslb.plan.PoolCache`) and the compiler reuses
-unchanged pools' replies and transfer lines; the collector is paused while a plan loads and the
+unchanged pools' replies and transfer lines, and a changed pool's cycles whose inputs did not
+change (:func:`~dnslb.selection.family_key`); reading and compiling rest 4 ms after each 1 ms
+(:meth:`PipeBackend._pace`); the collector is paused while a plan loads and the
 result frozen (a full collection over a 100,000-member plan held the interpreter for 150 ms);
 the pools a new table drops are found by the loader, their counts only read at the swap; the
 last good copy is the text as read, not the plan serialized again; and the switch interval is
