@@ -18,6 +18,7 @@ The pipe backend and the simulator both answer through :func:`pool_answers`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import math
 import random
@@ -328,6 +329,31 @@ def family_key(
     if not active:
         return (*common, pool.fallback, tuple(m.utilization for m in members))
     return (*common, tuple(_slots(active, resolution)))
+
+
+def same_answers(before: Pool, after: Pool, *, resolution: int = DEFAULT_RESOLUTION) -> bool:
+    """Whether ``after`` answers every query exactly as ``before`` does, fresh or stale: the same
+    pool but for members' weights and utilizations that still give the same cycles
+    (:func:`family_key`). A pool with client networks or a GeoIP database only when equal: its
+    locations' shares follow the weights and utilizations themselves."""
+    if before == after:
+        return True
+    if before.networks or after.networks or before.geoip is not None or after.geoip is not None:
+        return False
+    if len(before.members) != len(after.members):
+        return False
+    if dataclasses.replace(before, members=after.members) != after:
+        return False  # another k, floor, fallback...
+    pairs = zip(before.members, after.members, strict=True)
+    if any(old.location != new.location for old, new in pairs):
+        return False
+    for ipv6 in (False, True):
+        old_family = [member for member in before.members if member.ipv6 == ipv6]
+        new_family = [member for member in after.members if member.ipv6 == ipv6]
+        old_key = family_key(old_family, before, stale=False, resolution=resolution)
+        if old_key != family_key(new_family, after, stale=False, resolution=resolution):
+            return False
+    return True
 
 
 def answer_ttl(members: Sequence[Member], pool: Pool, *, stale: bool) -> int:

@@ -39,6 +39,7 @@ from dnslb.plan import MemberState, Plan, PoolCache, normal_address, parse_plan_
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
 from dnslb.policy import update_load
 from dnslb.report import MAX_SERVED, Report
+from dnslb.selection import same_answers
 from dnslb.tls import client_context, server_context
 from dnslb.tokens import token_hash
 from manager.clusters import ClusterController, HttpTablePusher
@@ -735,6 +736,7 @@ class Manager:
             left_out=left_out,
         )
         self._note_left_out(left_out, wall)
+        content = self._hold_unmoved(content)
         changed = content != self._content
         due = self._published_at is None or now - self._published_at >= self.config.plan.refresh
         if not changed and not due:
@@ -796,6 +798,24 @@ class Manager:
         self.plan = plan
         self._note_answers(plan, wall)
         return plan
+
+    def _hold_unmoved(self, content: Plan) -> Plan:
+        """``content`` with each pool that answers as the last published one does
+        (:func:`~dnslb.selection.same_answers`) replaced by that one.
+
+        Weights and utilizations follow every report, so at fleet scale every member moved a
+        little at every tick, while the answers, which follow a weight only as its slots in the
+        cycle, mostly did not: a pool is published again only when its answers change, and the
+        pipe backends then neither read nor compile it again (nor does the check below). The
+        plan holds that pool's weights and utilizations as last published."""
+        if self._content is None:
+            return content
+        published = {pool.name: pool for pool in self._content.pools}
+        pools = []
+        for pool in content.pools:
+            old = published.get(pool.name)
+            pools.append(old if old is not None and same_answers(old, pool) else pool)
+        return dataclasses.replace(content, pools=tuple(pools))
 
     def _plan_problem(self, plan: Plan) -> str | None:
         """Why a pipe backend would refuse ``plan``, checked with its own reader: the JSON text

@@ -255,6 +255,20 @@ def test_unchanged_plans_are_republished_to_refresh_their_age(lab: Lab) -> None:
     assert again.generated_at > first.generated_at
 
 
+def test_a_pool_is_published_again_only_when_its_answers_change(lab: Lab) -> None:
+    lab.report_all(10)
+    first = lab.step()
+    assert first is not None
+    lab.report_all(11)  # every weight 90 -> 89: the same shares of the cycle, the same TTLs
+    assert lab.step() is None  # no client would see a change: no new plan
+    assert lab.members()["s1"] == (MemberState.ACTIVE, 90.0, 60)  # as last published
+    lab.report("s1", 40)  # s1's share of the cycle falls
+    plan = lab.step()
+    assert plan is not None and plan.version == first.version + 1
+    assert lab.members()["s1"] == (MemberState.ACTIVE, 60.0, 60)
+    assert lab.members()["s2"] == (MemberState.ACTIVE, 89.0, 60)  # a new plan takes all
+
+
 def test_a_member_removed_from_the_config_is_terminated(lab: Lab, tmp_path: Path) -> None:
     lab.report_all(10)
     lab.step()

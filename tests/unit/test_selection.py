@@ -12,7 +12,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from dnslb.plan import Fallback, Member, MemberState, Pool
+from dnslb.plan import Fallback, Member, MemberState, Network, Pool
 from dnslb.selection import (
     Answer,
     FamilyKey,
@@ -25,6 +25,7 @@ from dnslb.selection import (
     pool_answers,
     quantize,
     rotation,
+    same_answers,
 )
 
 
@@ -384,3 +385,35 @@ def test_a_family_key_changes_with_what_an_answer_says() -> None:
     paused = tuple(dataclasses.replace(m, state=MemberState.PAUSED) for m in members)
     assert key(*paused) != key(dataclasses.replace(paused[0], utilization=0.5), *paused[1:])
     assert key(*paused) != key(*paused, fallback=Fallback.NODATA)
+
+
+@settings(max_examples=300)
+@given(moved_families())
+def test_same_answers_means_every_answer_the_same(pools: tuple[Pool, Pool]) -> None:
+    before, after = pools
+    if same_answers(before, after):
+        for stale in (False, True):
+            old, new = pool_answers(before, stale=stale), pool_answers(after, stale=stale)
+            assert shown(old.v4) == shown(new.v4)
+            assert shown(old.v6) == shown(new.v6)
+        event("same answers")
+    else:
+        event("other answers")
+
+
+def test_same_answers_looks_at_the_whole_pool() -> None:
+    members = (member("a", 3.0), member("b", 1.0, address="2001:db8::1"))
+    base = pool(*members)
+    moved = tuple(
+        dataclasses.replace(m, weight=m.weight * 1.0001, utilization=0.5) for m in members
+    )
+    assert same_answers(base, dataclasses.replace(base, members=moved))
+    assert not same_answers(base, dataclasses.replace(base, members=moved, k=1))
+    assert not same_answers(base, dataclasses.replace(base, members=moved[:1]))
+    located = (dataclasses.replace(members[0], location="east"), members[1])
+    assert not same_answers(base, dataclasses.replace(base, members=located))
+    networked = dataclasses.replace(
+        base, networks=(Network(network="10.0.0.0/8", location="east"),)
+    )
+    assert same_answers(networked, networked)  # equal: its shares follow the weights themselves
+    assert not same_answers(networked, dataclasses.replace(networked, members=moved))
