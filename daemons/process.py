@@ -294,13 +294,19 @@ def port_free(address: str, port: int, kind: str = "tcp") -> bool:
     return True
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process (at most 65,535)
+
+
 def free_port(address: str = "127.0.0.1", kinds: Sequence[str] = ("tcp", "udp")) -> int:
     """A port the kernel picked as free on ``address``, and free there for every one of
-    ``kinds`` ("tcp", "udp") right now (another program may take it before it is used)."""
+    ``kinds`` ("tcp", "udp") right now (another program may take it before it is used); never
+    one it gave this process before: picks made in a row, before any is bound, could otherwise
+    be the same port (a lab's DNS and API ports were, once)."""
     for _ in range(50):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind((address, 0))
             port = int(probe.getsockname()[1])
-        if all(port_free(address, port, kind) for kind in kinds):
+        if port not in _HANDED_OUT and all(port_free(address, port, kind) for kind in kinds):
+            _HANDED_OUT.add(port)
             return port
     raise ProcessError(f"no port free for {'/'.join(kinds)} on {address} after 50 tries")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,26 @@ def test_a_missing_program_raises_os_error(tmp_path: Path) -> None:
 def test_a_free_port_is_free_for_both_kinds() -> None:
     port = free_port()
     assert port_free("127.0.0.1", port, "tcp") and port_free("127.0.0.1", port, "udp")
+
+
+def test_free_port_never_gives_the_same_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Picks made in a row, before any is bound, may get the same port from the kernel: the
+    second pick must not hand it out again (a lab once got one port for DNS and API)."""
+    first = free_port()
+    real_socket = socket.socket
+
+    class SamePortFirst(real_socket):  # the kernel offers ``first`` again, then anything
+        offered = False
+
+        def getsockname(self) -> tuple[str, int]:
+            if not SamePortFirst.offered:
+                SamePortFirst.offered = True
+                return ("127.0.0.1", first)
+            return super().getsockname()  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(socket, "socket", SamePortFirst)
+    assert free_port() != first
+    assert SamePortFirst.offered
 
 
 def test_http_answers_is_false_where_nothing_listens() -> None:
