@@ -331,29 +331,34 @@ def family_key(
     return (*common, tuple(_slots(active, resolution)))
 
 
-def same_answers(before: Pool, after: Pool, *, resolution: int = DEFAULT_RESOLUTION) -> bool:
-    """Whether ``after`` answers every query exactly as ``before`` does, fresh or stale: the same
-    pool but for members' weights and utilizations that still give the same cycles
-    (:func:`family_key`). A pool with client networks or a GeoIP database only when equal: its
-    locations' shares follow the weights and utilizations themselves."""
+def answers_key(pool: Pool, *, resolution: int = DEFAULT_RESOLUTION) -> FamilyKey | None:
+    """Everything ``pool``'s answers depend on, fresh or stale, as one value: the pool but for
+    its members, the members' locations, and each address family's :func:`family_key` (where
+    a weight counts only as its slots in the cycle and a utilization only where it orders a
+    fallback). None for a pool with client networks or a GeoIP database: its locations' shares
+    follow the weights and utilizations themselves."""
+    if pool.networks or pool.geoip is not None:
+        return None
+    families = tuple(
+        family_key(
+            [member for member in pool.members if member.ipv6 == ipv6],
+            pool,
+            stale=False,
+            resolution=resolution,
+        )
+        for ipv6 in (False, True)
+    )
+    locations = tuple(member.location for member in pool.members)
+    return (dataclasses.replace(pool, members=()), locations, families)
+
+
+def same_answers(before: Pool, after: Pool) -> bool:
+    """Whether ``after`` answers every query exactly as ``before`` does, fresh or stale
+    (:func:`answers_key`)."""
     if before == after:
         return True
-    if before.networks or after.networks or before.geoip is not None or after.geoip is not None:
-        return False
-    if len(before.members) != len(after.members):
-        return False
-    if dataclasses.replace(before, members=after.members) != after:
-        return False  # another k, floor, fallback...
-    pairs = zip(before.members, after.members, strict=True)
-    if any(old.location != new.location for old, new in pairs):
-        return False
-    for ipv6 in (False, True):
-        old_family = [member for member in before.members if member.ipv6 == ipv6]
-        new_family = [member for member in after.members if member.ipv6 == ipv6]
-        old_key = family_key(old_family, before, stale=False, resolution=resolution)
-        if old_key != family_key(new_family, after, stale=False, resolution=resolution):
-            return False
-    return True
+    key = answers_key(after)
+    return key is not None and key == answers_key(before)
 
 
 def answer_ttl(members: Sequence[Member], pool: Pool, *, stale: bool) -> int:

@@ -35,11 +35,11 @@ from dnslb.control import AdminAction, Conflict, NotFound
 from dnslb.dnsname import normalize
 from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
-from dnslb.plan import MemberState, Plan, PoolCache, normal_address, parse_plan_json
+from dnslb.plan import MemberState, Plan, Pool, PoolCache, normal_address, parse_plan_json
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
 from dnslb.policy import update_load
 from dnslb.report import MAX_SERVED, Report
-from dnslb.selection import same_answers
+from dnslb.selection import FamilyKey, answers_key
 from dnslb.tls import client_context, server_context
 from dnslb.tokens import token_hash
 from manager.clusters import ClusterController, HttpTablePusher
@@ -90,6 +90,7 @@ class Manager:
         self._acting = self._first_round()
         self.publisher = publisher or _plan_store(loaded)
         self._checked_pools = PoolCache()  # the pools of the last plan checked (_plan_problem)
+        self._answers_keys: dict[str, tuple[Pool, FamilyKey | None]] = {}  # see _hold_unmoved
         self.fleet = Fleet(self.store, self.config.auth.agent_token)
         self.health = HealthChecker(self.fleet)
         self.lifecycles: dict[str, PoolLifecycle] = {}
@@ -801,7 +802,8 @@ class Manager:
 
     def _hold_unmoved(self, content: Plan) -> Plan:
         """``content`` with each pool that answers as the last published one does
-        (:func:`~dnslb.selection.same_answers`) replaced by that one.
+        (:func:`~dnslb.selection.answers_key`: the published pools' keys are kept) replaced
+        by that one.
 
         Weights and utilizations follow every report, so at fleet scale every member moved a
         little at every tick, while the answers, which follow a weight only as its slots in the
@@ -811,10 +813,23 @@ class Manager:
         if self._content is None:
             return content
         published = {pool.name: pool for pool in self._content.pools}
+        keys: dict[str, tuple[Pool, FamilyKey | None]] = {}
         pools = []
         for pool in content.pools:
             old = published.get(pool.name)
-            pools.append(old if old is not None and same_answers(old, pool) else pool)
+            if old is not None and old == pool:
+                pool = old  # noqa: PLW2901 - the same object: its text is known downstream
+            elif old is not None:
+                cached = self._answers_keys.get(old.name)
+                old_key = cached[1] if cached is not None and cached[0] is old else answers_key(old)
+                key = answers_key(pool)
+                if key is not None and key == old_key:
+                    pool, key = old, old_key  # noqa: PLW2901
+                keys[pool.name] = (pool, key)
+            if pool.name not in keys and pool.name in self._answers_keys:
+                keys[pool.name] = self._answers_keys[pool.name]
+            pools.append(pool)
+        self._answers_keys = keys  # what the answers of the pools just planned depend on
         return dataclasses.replace(content, pools=tuple(pools))
 
     def _plan_problem(self, plan: Plan) -> str | None:
