@@ -366,9 +366,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             trees.append((opts.baseline, stack.enter_context(worktree(opts.baseline))))
         if not opts.skip_load:
             say(f"loading a {opts.load_members:,}-member plan (pools of {POOL_SIZE}):")
-            for label, tree in trees:
+            for index, (label, tree) in enumerate(trees):
                 python = python_for(tree, workdir)
-                for line in measure_load(python, workdir, opts.load_members, random.Random(5)):
+                # Each coprocess a directory of its own: one that found the last good copy of
+                # the run before (the big plan, newer than its small one) served it at once.
+                where = workdir / f"load-{index}"
+                where.mkdir()
+                for line in measure_load(python, where, opts.load_members, random.Random(5)):
                     say(f"  {label:<10} {line}")
         if not opts.skip_qps:
             measure_qps(opts, trees, workdir)
