@@ -189,13 +189,15 @@ def start_manager(config_path: Path, clock: FakeClock) -> Manager:
 
 
 def report_all(manager: Manager, clock: FakeClock, seq: int) -> None:
-    for server in ("s1", "s2", "s3"):
+    for index, server in enumerate(("s1", "s2", "s3")):
         token = "s3-own-secret" if server == "s3" else TOKEN
         body = {
             "server_id": server,
             "seq": seq,
             "time": clock.time(),
-            "in_progress": 10 + seq,  # a change every round: a new plan version
+            # the servers' shares change every round: a new plan version (the manager publishes
+            # a pool again only when its answers change)
+            "in_progress": 10 + seq * 8 * index,
             "max_concurrency": 100,
         }
         manager.ingest.accept(token, json.dumps(body).encode())
