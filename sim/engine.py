@@ -120,7 +120,9 @@ class Simulation:
         self.pin_until = [0.0] * users
         # Until when a user's own copy of its resolver's answer lasts (the lab's users keep one
         # for the TTL they were given): a request after that is a lookup, and what the user was
-        # given then is what is left of the TTL in its resolver's cache (``user_ttl``).
+        # given then is what is left of the TTL in its resolver's cache, in whole seconds
+        # (``user_ttl``). A user whose copy ran out just before its resolver's gets the last
+        # second's TTL (0 or 1) and asks again soon, as the lab's users do.
         self.user_until = [0.0] * users
         self.user_lookups = 0
         self.user_ttl_total = 0.0
@@ -272,7 +274,10 @@ class Simulation:
         self.res_answer[resolver] = tuple(
             by_address[address] for address in addresses if address in by_address
         )
-        self.res_expires[resolver] = now + max(ttl, self.scenario.resolvers.min_ttl)
+        # A resolver counts time in whole seconds, as unbound does: an answer cached during
+        # second S with TTL T is served up to the end of second S + T, with the whole seconds
+        # left as its TTL (0 in its last second).
+        self.res_expires[resolver] = math.floor(now) + max(ttl, self.scenario.resolvers.min_ttl) + 1
         self.dns_queries += 1
         self.ttl_total += ttl
         slot = int(now / self.scenario.manager.tick)
@@ -344,6 +349,7 @@ class Simulation:
         heappush = heapq.heappush
         heapreplace = heapq.heapreplace
         log = math.log
+        floor = math.floor
         total = self.total_response
         failed = self.failed
         done = 0
@@ -368,9 +374,10 @@ class Simulation:
                         self.now = now
                         self._query(resolver, now)
                     if user_until[user] <= now:  # the user's copy expired: it looks up
-                        user_until[user] = res_expires[resolver]
+                        given = res_expires[resolver] - 1 - floor(now)  # whole seconds left
+                        user_until[user] = now + given
                         self.user_lookups += 1
-                        self.user_ttl_total += res_expires[resolver] - now
+                        self.user_ttl_total += given
                     answer = res_answer[resolver]
                     count = len(answer)
                     if not count:  # NODATA: no address at all
