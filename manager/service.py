@@ -817,20 +817,30 @@ class Manager:
         pools = []
         for pool in content.pools:
             old = published.get(pool.name)
+            chosen = pool
             if old is not None and old == pool:
-                pool = old  # noqa: PLW2901 - the same object: its text is known downstream
+                chosen = old  # the published object: its text is known downstream
             elif old is not None:
-                cached = self._answers_keys.get(old.name)
-                old_key = cached[1] if cached is not None and cached[0] is old else answers_key(old)
                 key = answers_key(pool)
-                if key is not None and key == old_key:
-                    pool, key = old, old_key  # noqa: PLW2901
-                keys[pool.name] = (pool, key)
-            if pool.name not in keys and pool.name in self._answers_keys:
+                if key is not None and key == self._published_key(old):
+                    chosen = old  # answers as published: held
+                else:
+                    keys[pool.name] = (pool, key)
+            if chosen is old and pool.name in self._answers_keys:
                 keys[pool.name] = self._answers_keys[pool.name]
-            pools.append(pool)
-        self._answers_keys = keys  # what the answers of the pools just planned depend on
+            pools.append(chosen)
+        self._answers_keys = keys  # the keys of the pools just planned, where known
         return dataclasses.replace(content, pools=tuple(pools))
+
+    def _published_key(self, published: Pool) -> FamilyKey | None:
+        """:func:`~dnslb.selection.answers_key` of a pool of the last published plan, computed
+        once per pool object."""
+        cached = self._answers_keys.get(published.name)
+        if cached is not None and cached[0] is published:
+            return cached[1]
+        key = answers_key(published)
+        self._answers_keys[published.name] = (published, key)
+        return key
 
     def _plan_problem(self, plan: Plan) -> str | None:
         """Why a pipe backend would refuse ``plan``, checked with its own reader: the JSON text
