@@ -632,7 +632,8 @@ class Simulation:
             ttl_max = self.policy.ttl_max
             for resolver in range(scenario.resolvers.count):
                 self._query(resolver, 0.0)
-                self.res_expires[resolver] = self.rng_dns.uniform(0.0, ttl_max)
+                # to the end of a whole second, as every answer of _query
+                self.res_expires[resolver] = math.floor(self.rng_dns.uniform(0.0, ttl_max)) + 1
         self._set_users(0.0)
         ticks = 1
         next_tick = tick

@@ -134,6 +134,16 @@ dns:
     assert 15 < result.user_ttl < 25
 
 
+def test_users_are_given_whole_seconds_from_staggered_resolvers_too() -> None:
+    """Staggered resolvers start with an answer cached earlier: it too lasts to the end of a
+    whole second, so no user is given a fraction of a second, or less than nothing."""
+    simulation = Simulation(scenario(), seed=3)  # SMALL: staggered, as by default
+    simulation.run()
+    assert simulation.scenario.resolvers.staggered
+    assert simulation.user_lookups > 0
+    assert simulation.user_ttl_total == int(simulation.user_ttl_total) >= 0
+
+
 def test_users_that_ignore_ttls_rarely_resolve() -> None:
     text = """
 name: sticky
