@@ -278,12 +278,19 @@ def pool_answers(
     ``stale`` (the plan is older than its ``stale_after``) gives every answer the TTL floor, so
     clients come back soon once the manager is back.
     """
-    v4 = [member for member in pool.members if not member.ipv6]
-    v6 = [member for member in pool.members if member.ipv6]
     return PoolAnswers(
-        v4=family_answers(v4, pool, stale=stale, resolution=resolution),
-        v6=family_answers(v6, pool, stale=stale, resolution=resolution),
+        v4=family_answers(
+            family_members(pool, ipv6=False), pool, stale=stale, resolution=resolution
+        ),
+        v6=family_answers(
+            family_members(pool, ipv6=True), pool, stale=stale, resolution=resolution
+        ),
     )
+
+
+def family_members(pool: Pool, *, ipv6: bool) -> list[Member]:
+    """``pool``'s members of one address family, in the pool's order."""
+    return [member for member in pool.members if member.ipv6 == ipv6]
 
 
 def family_answers(
@@ -340,25 +347,11 @@ def answers_key(pool: Pool, *, resolution: int = DEFAULT_RESOLUTION) -> FamilyKe
     if pool.networks or pool.geoip is not None:
         return None
     families = tuple(
-        family_key(
-            [member for member in pool.members if member.ipv6 == ipv6],
-            pool,
-            stale=False,
-            resolution=resolution,
-        )
+        family_key(family_members(pool, ipv6=ipv6), pool, stale=False, resolution=resolution)
         for ipv6 in (False, True)
     )
     locations = tuple(member.location for member in pool.members)
     return (dataclasses.replace(pool, members=()), locations, families)
-
-
-def same_answers(before: Pool, after: Pool) -> bool:
-    """Whether ``after`` answers every query exactly as ``before`` does, fresh or stale
-    (:func:`answers_key`)."""
-    if before == after:
-        return True
-    key = answers_key(after)
-    return key is not None and key == answers_key(before)
 
 
 def answer_ttl(members: Sequence[Member], pool: Pool, *, stale: bool) -> int:

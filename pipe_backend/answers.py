@@ -29,6 +29,7 @@ from dnslb.selection import (
     answer_counts,
     family_answers,
     family_key,
+    family_members,
     rotation,
 )
 from dnslb.topology import NetworkTable, located_pool, location_shares
@@ -360,7 +361,7 @@ def _family(
     """The answer cycle of ``pool``'s members of one address family and its fragments: the
     previous version's when its inputs are the same, else computed (the costly part of a plan:
     scheduling a cycle of a few hundred answers per pool). Kept in ``kept`` for the next."""
-    members = [member for member in pool.members if member.ipv6 == (rtype == "AAAA")]
+    members = family_members(pool, ipv6=rtype == "AAAA")
     key = (abi, zone_id, rtype, family_key(members, pool, stale=stale))
     family = previous.get(key)
     if family is None:
