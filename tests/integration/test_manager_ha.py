@@ -14,6 +14,7 @@ printed, not asserted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -177,9 +178,12 @@ def lead_then_stand_by(a: ManagerProcess, b: ManagerProcess) -> None:
     _first(lambda: role(b) == ("standby", 0), "b stands by")
 
 
-def test_kill_the_leader_during_a_scale_out(tmp_path: Path, shared: Path) -> None:
-
-    root = shared / "providers" / "www"
+@contextlib.contextmanager
+def leader_and_standby(
+    tmp_path: Path, shared: Path
+) -> Iterator[tuple[PostgresCluster, ManagerProcess, ManagerProcess]]:
+    """Managers ``a`` and ``b`` on one throwaway PostgreSQL, peers of each other: ``a`` leads
+    in epoch 1, ``b`` stands by; both stopped at the end."""
     port = free_port()
     with postgres_cluster() as cluster, Origin() as origin:
         a = manager_in(tmp_path, "a", shared, cluster, origin.url, port)
@@ -188,56 +192,59 @@ def test_kill_the_leader_during_a_scale_out(tmp_path: Path, shared: Path) -> Non
         a.start()
         try:
             lead_then_stand_by(a, b)
-            # a scales the pool out from nothing; kill it once a launch is under way and at
-            # least one server's directory exists (the provider was called)
-            _first(
-                lambda: (
-                    bool(server_dirs(root))
-                    and any(state == "launching" for state, _ in servers(cluster).values())
-                ),
-                "a launch under way",
-            )
-            assert a.process is not None
-            os.killpg(a.process.pid, signal.SIGKILL)
-            killed = time.monotonic()
-            a.process.wait()
-            a.process = None
-            _first(lambda: role(b) == ("leader", 2), "b leads")
-            leading = time.monotonic() - killed
-            _first(b.plan_path.exists, "b publishes")
-            published = time.monotonic() - killed
-            assert json.loads(b.plan_path.read_text())["epoch"] == 2
-            print(
-                f"\nkill -9 -> standby leads: {leading:.2f} s (lease 3 s); "
-                f"-> first plan: {published:.2f} s ({published - leading:.2f} s after leading)"
-            )
-            # every launch finishes under b: nothing is left launching
-            _first(
-                lambda: (
-                    sum(
-                        1
-                        for state, _ in servers(cluster).values()
-                        if state in ("warming", "active")
-                    )
-                    == SERVERS
-                    and not any(state == "launching" for state, _ in servers(cluster).values())
-                ),
-                f"{SERVERS} servers launched",
-            )
-            found = servers(cluster)
-            live = {sid for sid, (state, _) in found.items() if state != "terminated"}
-            cut_short = {sid for sid, (_, why) in found.items() if "cut short" in why}
-            # Launched twice: a server more than the pool needs (b not knowing a's launches),
-            # other than launches that never reached the provider.
-            assert len(found) - len(cut_short) == SERVERS, found
-            # Orphaned: a server directory, or a process, the state does not know.
-            assert server_dirs(root) == live
-            assert lab_processes(root) <= recorded_pids(root, live)
-            assert b.stop() == 0
-            assert wait_until(lambda: not lab_processes(root), 15) is not None
+            yield cluster, a, b
         finally:
             b.stop()
             a.stop()
+
+
+def test_kill_the_leader_during_a_scale_out(tmp_path: Path, shared: Path) -> None:
+
+    root = shared / "providers" / "www"
+    with leader_and_standby(tmp_path, shared) as (cluster, a, b):
+        # a scales the pool out from nothing; kill it once a launch is under way and at
+        # least one server's directory exists (the provider was called)
+        _first(
+            lambda: (
+                bool(server_dirs(root))
+                and any(state == "launching" for state, _ in servers(cluster).values())
+            ),
+            "a launch under way",
+        )
+        assert a.process is not None
+        os.killpg(a.process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        a.process.wait()
+        a.process = None
+        _first(lambda: role(b) == ("leader", 2), "b leads")
+        leading = time.monotonic() - killed
+        _first(b.plan_path.exists, "b publishes")
+        published = time.monotonic() - killed
+        assert json.loads(b.plan_path.read_text())["epoch"] == 2
+        print(
+            f"\nkill -9 -> standby leads: {leading:.2f} s (lease 3 s); "
+            f"-> first plan: {published:.2f} s ({published - leading:.2f} s after leading)"
+        )
+        # every launch finishes under b: nothing is left launching
+        _first(
+            lambda: (
+                sum(1 for state, _ in servers(cluster).values() if state in ("warming", "active"))
+                == SERVERS
+                and not any(state == "launching" for state, _ in servers(cluster).values())
+            ),
+            f"{SERVERS} servers launched",
+        )
+        found = servers(cluster)
+        live = {sid for sid, (state, _) in found.items() if state != "terminated"}
+        cut_short = {sid for sid, (_, why) in found.items() if "cut short" in why}
+        # Launched twice: a server more than the pool needs (b not knowing a's launches),
+        # other than launches that never reached the provider.
+        assert len(found) - len(cut_short) == SERVERS, found
+        # Orphaned: a server directory, or a process, the state does not know.
+        assert server_dirs(root) == live
+        assert lab_processes(root) <= recorded_pids(root, live)
+        assert b.stop() == 0
+        assert wait_until(lambda: not lab_processes(root), 15) is not None
 
 
 def test_a_leader_cut_off_from_the_database_stops_before_another_leads(
@@ -292,34 +299,24 @@ def test_a_leader_stopped_cleanly_leaves_its_servers_to_the_standby(
     of the leader must not take the fleet down); the last manager to stop stops them."""
 
     root = shared / "providers" / "www"
-    port = free_port()
-    with postgres_cluster() as cluster, Origin() as origin:
-        a = manager_in(tmp_path, "a", shared, cluster, origin.url, port)
-        b = manager_in(tmp_path, "b", shared, cluster, origin.url, port)
-        peers(a, b)
-        a.start()
-        try:
-            lead_then_stand_by(a, b)
+    with leader_and_standby(tmp_path, shared) as (cluster, a, b):
 
-            def active() -> set[str]:
-                return {sid for sid, (state, _) in servers(cluster).items() if state == "active"}
+        def active() -> set[str]:
+            return {sid for sid, (state, _) in servers(cluster).items() if state == "active"}
 
-            _first(lambda: len(active()) == SERVERS, f"{SERVERS} servers active under a")
-            running = active()
-            pids = recorded_pids(root, running)
-            assert pids
-            assert a.stop() == 0
-            _first(lambda: role(b) == ("leader", 2), "b leads")
-            # Nothing was stopped or launched: b leads the very servers a ran.
-            found = servers(cluster)
-            assert {sid for sid, (state, _) in found.items() if state != "terminated"} == running
-            assert all(psutil.pid_exists(pid) for pid in pids)
-            assert "leaving the servers running" in a.log_path.read_text()
-            _first(lambda: active() == running, "b takes a's servers as they are", timeout=10)
-            # b stops last, with no standby: it stops the servers.
-            assert b.stop() == 0
-            assert wait_until(lambda: not lab_processes(root), 15) is not None
-            assert "leaving the servers running" not in b.log_path.read_text()
-        finally:
-            b.stop()
-            a.stop()
+        _first(lambda: len(active()) == SERVERS, f"{SERVERS} servers active under a")
+        running = active()
+        pids = recorded_pids(root, running)
+        assert pids
+        assert a.stop() == 0
+        _first(lambda: role(b) == ("leader", 2), "b leads")
+        # Nothing was stopped or launched: b leads the very servers a ran.
+        found = servers(cluster)
+        assert {sid for sid, (state, _) in found.items() if state != "terminated"} == running
+        assert all(psutil.pid_exists(pid) for pid in pids)
+        assert "leaving the servers running" in a.log_path.read_text()
+        _first(lambda: active() == running, "b takes a's servers as they are", timeout=10)
+        # b stops last, with no standby: it stops the servers.
+        assert b.stop() == 0
+        assert wait_until(lambda: not lab_processes(root), 15) is not None
+        assert "leaving the servers running" not in b.log_path.read_text()

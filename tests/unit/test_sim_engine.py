@@ -91,19 +91,23 @@ servers: {{initial: 1, max_concurrency: {slots}, service: {{mean: 0.1}}}}
     assert result.failed == 0
 
 
-def test_resolvers_honour_the_ttl() -> None:
-    text = """
+def ttl_30(clients: int, think_time: float, resolvers: int) -> Scenario:
+    """Every answer holds every address with TTL 30, for 600 s of a steady load."""
+    return scenario(f"""
 name: ttl
 duration: 600
-load: {steps: [{at: 0, clients: 500}]}
-clients: {think_time: 1.0}
-resolvers: {count: 10}
-servers: {initial: 3, max_concurrency: 100, service: {mean: 0.05}}
+load: {{steps: [{{at: 0, clients: {clients}}}]}}
+clients: {{think_time: {think_time}}}
+resolvers: {{count: {resolvers}}}
+servers: {{initial: 3, max_concurrency: 100, service: {{mean: 0.05}}}}
 dns:
   all_addresses: true
-  policy: {weight_function: equal, ttl_min: 30, ttl_max: 30}
-"""
-    result = simulate(scenario(text), seed=1)
+  policy: {{weight_function: equal, ttl_min: 30, ttl_max: 30}}
+""")
+
+
+def test_resolvers_honour_the_ttl() -> None:
+    result = simulate(ttl_30(clients=500, think_time=1.0, resolvers=10), seed=1)
     # Busy resolvers ask again right after each expiry: an answer cached during second S lasts
     # to the end of second S + 30 (whole seconds, as unbound counts), so 600 / 31, 19 or 20
     # queries each, plus the staggered first answer; never more.
@@ -116,18 +120,7 @@ def test_users_get_what_is_left_of_the_ttl_in_whole_seconds() -> None:
     the whole seconds left: a user whose copy runs out just before the resolver's asks during
     the resolver's last second and gets TTL 0 or 1, then asks again. The lab measured a mean of
     42 s under TTL 60 where a simulator without whole seconds said 54."""
-    text = """
-name: ttl
-duration: 600
-load: {steps: [{at: 0, clients: 200}]}
-clients: {think_time: 2.0}
-resolvers: {count: 1}
-servers: {initial: 3, max_concurrency: 100, service: {mean: 0.05}}
-dns:
-  all_addresses: true
-  policy: {weight_function: equal, ttl_min: 30, ttl_max: 30}
-"""
-    result = simulate(scenario(text), seed=1)
+    result = simulate(ttl_30(clients=200, think_time=2.0, resolvers=1), seed=1)
     assert result.mean_ttl == 30  # what the resolver got from DNS
     # Users asking late in the resolver's 31 s (30 whole seconds and the last one) get less;
     # without the last second's short copies the mean was 27.3 s.
