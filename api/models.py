@@ -370,8 +370,16 @@ class ExplanationOut(BaseModel):
     k: Count = Field(description="addresses per answer, at most")
     ttl_floor: Count
     fallback: Text
-    th_over: Real = Field(description="utilization above which the policy pauses a server")
-    resume_below: Real = Field(description="a paused server resumes below this")
+    th_over: Real = Field(description="the policy's th_over")
+    pause_above: MaybeReal = Field(
+        description="utilization above which the policy pauses a server now: th_over, or "
+        "pause_relative x the pool's mean when higher; null while the pool's mean is at "
+        "th_over or above (a hot pool pauses none)"
+    )
+    resume_below: MaybeReal = Field(
+        description="a paused server resumes below this (pause_above - hysteresis; null: at "
+        "its next report)"
+    )
     members: list[MemberExplanationOut]
     answers: list[AnswerExampleOut] = Field(description="one answer per address family")
 

@@ -306,7 +306,11 @@ def show_explanation(found: Mapping[str, Any]) -> str:
     lines = [
         f"{found['name']} (pool {found['pool']}): {plan}",
         f"k {found['k']}, TTL floor {found['ttl_floor']} s, fallback {found['fallback']}; "
-        f"paused above {found['th_over']:g}, resumed below {found['resume_below']:g}",
+        + (
+            f"paused above {found['pause_above']:.2f}, resumed below {found['resume_below']:.2f}"
+            if found.get("pause_above") is not None and found.get("resume_below") is not None
+            else f"the pool's mean is at th_over {found['th_over']:g}: none paused"
+        ),
         "",
     ]
     rows = [

@@ -161,7 +161,8 @@ class Explanation:
     ttl_floor: int
     fallback: str
     th_over: float
-    resume_below: float  # th_over - hysteresis
+    pause_above: float | None  # th_over, or higher for a warm pool; None: a hot pool pauses none
+    resume_below: float | None  # pause_above - hysteresis
     members: tuple[MemberExplanation, ...]
     answers: tuple[AnswerExample, ...]
 

@@ -3,9 +3,11 @@
 Per server and tick (DESIGN section 4):
 
 - :func:`update_load` folds the newest utilization sample into a time-aware exponential moving
-  average and decides *pause with hysteresis*: a server pauses as soon as either the sample or the
-  average is above ``th_over`` (react to overload at once) and resumes only when both are below
-  ``th_over - hysteresis`` (come back carefully).
+  average, and :func:`judge_pause` decides *pause with hysteresis* once the pool's samples are
+  in: a server pauses as soon as either the sample or the average is above its threshold (react
+  to overload at once) and resumes only when both are below the threshold less ``hysteresis``
+  (come back carefully). The threshold is ``th_over``, or higher in a warm pool, and none in a
+  hot one (:func:`pause_threshold`).
 - :func:`member_weight` grows with the spare capacity: ``max_concurrency * (1 - u) ** 2`` by
   default (``spare_squared``), never below a small floor, ramped up over ``slow_start`` seconds
   for a server just added.
@@ -20,6 +22,7 @@ The simulator compares variants of these functions; :data:`TTL_FUNCTIONS` and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,7 +45,15 @@ class PoolPolicy:
         "pause; TTLs still fall towards th_over)",
     )
     hysteresis: float = setting(
-        0.1, help="a paused server resumes below th_over - hysteresis", min=0.0, max=1.0
+        0.1, help="a paused server resumes below its threshold - hysteresis", min=0.0, max=1.0
+    )
+    pause_relative: float = setting(
+        1.25,
+        help="a server pauses only above th_over and above this multiple of its pool's mean "
+        "utilization, and none pauses while the pool's mean is at th_over or above (the "
+        "autoscaler carries a hot pool); 0: th_over alone, whatever the pool (the paper)",
+        min=0.0,
+        max=100.0,
     )
     ttl_knee: float = setting(
         0.5, help="fraction of th_over up to which the TTL stays at ttl_max", min=0.0, max=1.0
@@ -103,29 +114,60 @@ def smooth(previous: float, sample: float, elapsed: float, time_constant: float)
 def update_load(
     previous: ServerLoad | None, sample: float, at: float, policy: PoolPolicy
 ) -> ServerLoad:
-    """Fold a utilization ``sample`` taken at monotonic time ``at`` into a server's load."""
+    """Fold a utilization ``sample`` taken at monotonic time ``at`` into a server's load; the
+    pause verdict stays as it was until :func:`judge_pause` gives the next one."""
     if previous is None:
-        average = sample
-        was_paused = False
-    else:
-        average = smooth(previous.utilization, sample, at - previous.at, policy.smoothing)
-        was_paused = previous.paused
+        return ServerLoad(utilization=sample, sample=sample, paused=False, at=at)
     return ServerLoad(
-        utilization=average,
+        utilization=smooth(previous.utilization, sample, at - previous.at, policy.smoothing),
         sample=sample,
-        paused=is_paused(was_paused, max(sample, average), policy),
+        paused=previous.paused,
         at=at,
     )
 
 
-def is_paused(was_paused: bool, utilization: float, policy: PoolPolicy) -> bool:
-    """Pause above ``th_over``; once paused, stay paused until below ``th_over - hysteresis``
-    (never, when the policy does not pause)."""
+def judge_pause(load: ServerLoad, policy: PoolPolicy, pool_mean: float | None) -> ServerLoad:
+    """The server's load with the pause verdict for its pool's mean utilization ``pool_mean``
+    (with every server's newest sample folded in): it pauses as soon as either its newest
+    sample or its average is above :func:`pause_threshold` (react to overload at once), and
+    resumes only when both are below the threshold less ``hysteresis`` (come back carefully)."""
+    paused = is_paused(
+        load.paused, max(load.sample, load.utilization), policy, pause_threshold(policy, pool_mean)
+    )
+    return load if paused == load.paused else dataclasses.replace(load, paused=paused)
+
+
+def pause_threshold(policy: PoolPolicy, pool_mean: float | None) -> float:
+    """The utilization above which a server of a pool whose mean is ``pool_mean`` pauses:
+    ``th_over``, or ``pause_relative`` times the pool's mean when that is higher; none (inf)
+    while the pool's mean is at ``th_over`` or above.
+
+    Pausing moves new clients from a server to the others, which must have room for them. In
+    a hot pool every server is above ``th_over``: pausing them in turns sent every new resolver
+    to the few not paused, for a whole TTL, and those were next, and even pausing only the
+    servers at 2 or 3 times the pool's mean left capacity idle while the rest queued (the lab
+    and the simulator, docs/simulation.md). There the autoscaler carries the load, and the
+    weights (all at their floor) share it evenly. ``pause_relative`` 0 is the paper's rule:
+    ``th_over`` alone, whatever the pool.
+    """
+    if pool_mean is None or policy.pause_relative <= 0:
+        return policy.th_over
+    if pool_mean >= policy.th_over:
+        return math.inf
+    return max(policy.th_over, policy.pause_relative * pool_mean)
+
+
+def is_paused(
+    was_paused: bool, utilization: float, policy: PoolPolicy, threshold: float | None = None
+) -> bool:
+    """Pause above ``threshold`` (``th_over`` by default); once paused, stay paused until below
+    ``threshold - hysteresis`` (never, when the policy does not pause)."""
     if not policy.pause:
         return False
+    above = policy.th_over if threshold is None else threshold
     if was_paused:
-        return utilization >= policy.th_over - policy.hysteresis - 1e-9  # 0.8 - 0.1 > 0.7
-    return utilization > policy.th_over
+        return utilization >= above - policy.hysteresis - 1e-9  # 0.8 - 0.1 > 0.7
+    return utilization > above
 
 
 def _spare(utilization: float) -> float:
@@ -206,20 +248,37 @@ def member_values(
     policy: PoolPolicy,
     *,
     answered: bool,
+    pool_serving: int | None = None,
 ) -> MemberValues:
-    """A member's plan values; the manager's planner and the simulator both build members so.
+    """A member's plan values, as the manager's planner builds them.
 
     ``utilization`` is the smoothed average (None before the first report) and is rounded to
     thousandths before weight and TTL are computed from it, so a plan read back gives the same
     values. A member that is not ``answered`` (paused, down, draining) gets weight 0 and the
     TTL floor ``ttl_min``; an answered one its :func:`member_weight` (rounded to hundredths, as
-    plans carry it) and :func:`member_ttl`. A server that has not said its max concurrency
-    counts as 1.
+    plans carry it) and :func:`member_ttl`, at most :func:`answer_ttl_cap` of its pool's
+    ``pool_serving`` servers. A server that has not said its max concurrency counts as 1.
     """
     rounded = round(utilization, 3) if utilization is not None else 0.0
     if not answered:
         return MemberValues(utilization=rounded, weight=0.0, ttl=policy.ttl_min)
     weight = member_weight(rounded, max_concurrency or 1, serving_for, policy)
     return MemberValues(
-        utilization=rounded, weight=round(weight, 2), ttl=member_ttl(rounded, policy)
+        utilization=rounded,
+        weight=round(weight, 2),
+        ttl=min(member_ttl(rounded, policy), answer_ttl_cap(policy, pool_serving)),
     )
+
+
+def answer_ttl_cap(policy: PoolPolicy, serving: int | None) -> int:
+    """The longest TTL of a pool of ``serving`` servers: ``ttl_max`` from ``k`` servers on,
+    down in proportion to ``ttl_min`` with fewer (None: no cap).
+
+    An answer of fewer than ``k`` addresses holds the whole pool: every resolver gets the same
+    few servers, and a server the autoscaler adds takes users only as those answers expire.
+    With one idle server a 60 s TTL kept a step load on it for a minute while five new servers
+    waited (docs/simulation.md).
+    """
+    if serving is None or serving >= policy.k:
+        return policy.ttl_max
+    return policy.ttl_min + (policy.ttl_max - policy.ttl_min) * serving // policy.k

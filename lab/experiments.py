@@ -49,6 +49,7 @@ def plain(ttl: int, th_over: float) -> dict[str, Any]:
         "ttl_min": ttl,
         "ttl_max": ttl,
         "th_over": th_over,
+        "pause_relative": 0.0,  # the paper's pausing: th_over alone
         "hysteresis": 0.0,
         "smoothing": 0.0,
         "slow_start": 0.0,

@@ -155,6 +155,7 @@ class Control:
             down_after=self.manager.config.down_after,
             left_out=self.manager.members_left_out.get(server.id),
             operator_reason=self._operator_reasons([server]).get(server.id),
+            pool_mean=pool.mean_utilization,
         )
 
     def _pool_view(self, pool: PoolRuntime) -> PoolView:

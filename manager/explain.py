@@ -11,13 +11,14 @@ Pure functions over the fleet and the plan; the clock is passed in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dnslb.control import AnswerExample, Explanation, MemberExplanation
 from dnslb.model import ServerState
 from dnslb.plan import Member, MemberState, Plan, Pool
-from dnslb.policy import PoolPolicy
+from dnslb.policy import PoolPolicy, pause_threshold
 from dnslb.selection import Answer, PoolAnswers, answer_shares
 from manager.fleet import PoolRuntime, ServerRuntime
 from manager.planner import health_of
@@ -58,13 +59,14 @@ def server_reason(
     down_after: float,
     left_out: str | None = None,
     operator_reason: str | None = None,
+    pool_mean: float | None = None,
 ) -> str:
     """Why a server is or is not in the published plan's answers, in one sentence.
 
     ``member`` is its member in the published plan (None: not in it), ``shares`` its place in
     the plan's rotation (None: in no answer), ``now`` monotonic seconds, ``left_out`` why the
     planner left it out of plans (bad data), ``operator_reason`` the reason an operator gave
-    for a pause.
+    for a pause, ``pool_mean`` its pool's mean utilization (the pause threshold follows it).
     """
     answered = shares is not None and shares.seen > 0
     if server is None:
@@ -87,7 +89,12 @@ def server_reason(
         why = f"down: {record.state_reason}"
         return _fallback(why, answered, fallback)
     unanswered = _active_reason(
-        server, policy, now=now, down_after=down_after, operator=operator_reason
+        server,
+        policy,
+        now=now,
+        down_after=down_after,
+        operator=operator_reason,
+        pool_mean=pool_mean,
     )
     if unanswered is None:  # eligible now
         if member is None:
@@ -111,16 +118,23 @@ def _active_reason(
     now: float,
     down_after: float,
     operator: str | None,
+    pool_mean: float | None,
 ) -> str | None:
     """Why an active server is not eligible, or None when it is."""
     load = server.load
     by_policy = None
     if server.paused and load is not None and policy is not None:
-        resume = policy.th_over - policy.hysteresis
-        by_policy = (
+        threshold = pause_threshold(policy, pool_mean)
+        went = (
             f"utilization {load.utilization:.2f} (newest sample {load.sample:.2f}) went above "
-            f"th_over {policy.th_over:g}; resumes when both are below {resume:.2f}"
+            f"its pause threshold (th_over {policy.th_over:g}, or {policy.pause_relative:g} x "
+            "the pool's mean)"
         )
+        if math.isinf(threshold):
+            by_policy = f"{went}; resumes at its next report (the pool's mean is at th_over)"
+        else:
+            resume = threshold - policy.hysteresis
+            by_policy = f"{went}; resumes when both are below {resume:.2f}"
     if server.record.admin_paused:
         why = f"paused by an operator ({operator or 'no reason given'}) until resumed"
         return f"{why}; the policy pauses it too: {by_policy}" if by_policy else why
@@ -175,6 +189,7 @@ def explain_pool(
             down_after=down_after,
             left_out=left_out.get(server_id),
             operator_reason=operator_reasons.get(server_id),
+            pool_mean=pool.mean_utilization,
         )
         load = server.load if server is not None else None
         explained.append(
@@ -201,6 +216,7 @@ def explain_pool(
             if _has_members(planned, family == "AAAA"):
                 examples.append(_example(family, cycle))
     age = plan.age(wall)
+    threshold = pause_threshold(policy, pool.mean_utilization)
     return Explanation(
         name=dns_name,
         pool=pool.name,
@@ -211,7 +227,8 @@ def explain_pool(
         ttl_floor=planned.ttl_floor if planned is not None else policy.ttl_min,
         fallback=(planned.fallback if planned is not None else policy.fallback).value,
         th_over=policy.th_over,
-        resume_below=round(policy.th_over - policy.hysteresis, 9),
+        pause_above=None if math.isinf(threshold) else round(threshold, 9),
+        resume_below=None if math.isinf(threshold) else round(threshold - policy.hysteresis, 9),
         members=tuple(explained),
         answers=tuple(examples),
     )

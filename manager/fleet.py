@@ -80,6 +80,10 @@ class PoolRuntime:
     # The static members' locations by id, for the config they were read from (looking each one
     # up in the members' tuple made every plan O(members squared)).
     _locations: tuple[PoolConfig, dict[str, str | None]] | None = None
+    # The mean utilization of its active servers at the last tick (None: none reported):
+    # the pause threshold is relative to it (dnslb.policy.pause_threshold).
+    mean_utilization: float | None = None
+    serving: int = 0  # how many those are
 
     @property
     def name(self) -> str:

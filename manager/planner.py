@@ -107,6 +107,7 @@ def plan_member(
         serving_for,
         pool.policy,
         answered=member_state is MemberState.ACTIVE,
+        pool_serving=pool.serving,
     )
     return Member(
         id=server.id,

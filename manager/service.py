@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan, Pool, PoolCache, normal_address, parse_plan_json
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
-from dnslb.policy import update_load
+from dnslb.policy import judge_pause, pause_threshold, update_load
 from dnslb.report import MAX_SERVED, Report
 from dnslb.selection import FamilyKey, answers_key
 from dnslb.tls import client_context, server_context
@@ -597,6 +598,9 @@ class Manager:
             for pool in self.fleet.pools.values():
                 for server in list(pool.servers.values()):
                     self._isolated(server.id, "server", self._assess, pool, server, now, wall)
+                pool.mean_utilization, pool.serving = _pool_load(pool, now, self.config.down_after)
+                for server in list(pool.servers.values()):
+                    self._isolated(server.id, "server", self._judge, pool, server, wall)
             for name, lifecycle in self.lifecycles.items():
                 self._isolated(f"pool {name}", "lifecycle", lifecycle.tick, now, wall)
             plan = self._publish(now, wall)
@@ -689,16 +693,32 @@ class Manager:
         if report is not None and report_at is not None and report.seq != server.folded_seq:
             if report.in_progress is not None and report.max_concurrency:
                 utilization = report.in_progress / report.max_concurrency
-                server.load = update_load(server.load, utilization, report_at, pool.config.policy)
+                server.load = update_load(server.load, utilization, report_at, pool.policy)
             server.folded_seq = report.seq
+
+    def _judge(self, pool: PoolRuntime, server: ServerRuntime, wall: float) -> None:
+        """Pause or resume a server for its load against its pool's (after :meth:`_assess`)."""
+        if server.load is not None:
+            server.load = judge_pause(server.load, pool.policy, pool.mean_utilization)
         paused = server.load.paused if server.load is not None else False
         if paused != server.paused and server.state is ServerState.ACTIVE:
             assert server.load is not None
             policy = pool.policy
+            threshold = pause_threshold(policy, pool.mean_utilization)
             if paused:
-                why = f"utilization {server.load.sample:.2f} > th_over {policy.th_over:g}"
+                load = max(server.load.sample, server.load.utilization)
+                why = f"utilization {load:.2f} > {threshold:.2f}" + (
+                    f" (th_over {policy.th_over:g})"
+                    if threshold == policy.th_over
+                    else f" ({policy.pause_relative:g} x the pool's mean)"
+                )
+            elif math.isinf(threshold):
+                why = (
+                    f"the pool's mean utilization {pool.mean_utilization:.2f} is at th_over "
+                    f"{policy.th_over:g}: a hot pool has no room to move clients to"
+                )
             else:
-                resume = policy.th_over - policy.hysteresis
+                resume = threshold - policy.hysteresis
                 why = f"utilization {server.load.utilization:.2f} < {resume:.2f}"
             self.fleet.log(
                 wall, "paused" if paused else "resumed", why, pool=pool.name, server=server.id
@@ -1138,3 +1158,24 @@ def _static_record(pool: PoolConfig, member: MemberConfig, now: float) -> Server
         max_concurrency=member.max_concurrency,
         token_hash=token_hash(member.token.reveal()) if member.token else None,
     )
+
+
+def _pool_load(pool: PoolRuntime, now: float, down_after: float) -> tuple[float | None, int]:
+    """The mean smoothed utilization of the pool's active servers with a fresh report, paused
+    ones included (None when there are none): what a server's load is judged against
+    (:func:`~dnslb.policy.pause_threshold`); and how many they are. A queue counts (a
+    utilization above 1): the pool's requests in progress over its worker slots."""
+    total = 0.0
+    count = 0
+    for server in pool.servers.values():
+        load = server.load
+        report_at = server.report_at
+        if (
+            load is not None
+            and report_at is not None
+            and server.state is ServerState.ACTIVE
+            and now - report_at <= down_after
+        ):
+            total += load.utilization
+            count += 1
+    return (total / count if count else None), count

@@ -40,7 +40,7 @@ def test_every_member_answered_with_its_share_and_an_answer_of_now(tmp_path: Pat
         False,
     )
     assert (found.k, found.ttl_floor, found.fallback) == (4, 5, "fail_open")
-    assert (found.th_over, found.resume_below) == (0.8, 0.7)
+    assert (found.th_over, found.pause_above, found.resume_below) == (0.8, 0.8, 0.7)
     assert [m.id for m in found.members] == ["s1", "s2", "s3"]
     for member in found.members:
         assert member.in_answers and member.plan_state == "active"

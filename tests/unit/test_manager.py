@@ -135,7 +135,12 @@ def test_without_reports_the_first_plan_waits_for_down_after(lab: Lab) -> None:
     lab.report("s1", 5)
     plan = lab.step(2.5)  # down_after (3 s) since start has passed
     assert plan is not None
-    assert lab.members() == {"s1": (MemberState.ACTIVE, 95.0, 60)}  # s2, s3 still warming
+    # s2, s3 still warming: one server of k = 2 answers, with half of ttl_max's share above
+    # ttl_min (5 + 55 / 2): a server added soon joins the answers soon
+    assert lab.members() == {"s1": (MemberState.ACTIVE, 95.0, 32)}
+    lab.report_all(5)
+    lab.step()
+    assert lab.members()["s1"] == (MemberState.ACTIVE, 95.0, 60)
 
 
 def test_overload_pauses_a_server_and_it_comes_back(lab: Lab) -> None:
@@ -144,7 +149,7 @@ def test_overload_pauses_a_server_and_it_comes_back(lab: Lab) -> None:
     lab.report("s2", 90)  # above th_over 0.8
     lab.step()
     assert lab.members()["s2"][0] is MemberState.PAUSED
-    assert "s2: utilization 0.90 > th_over 0.8" in lab.events("paused")
+    assert "s2: utilization 0.90 > 0.80 (th_over 0.8)" in lab.events("paused")
     lab.report("s2", 75)  # inside the hysteresis band: stays paused
     lab.step()
     assert lab.members()["s2"][0] is MemberState.PAUSED
@@ -152,6 +157,43 @@ def test_overload_pauses_a_server_and_it_comes_back(lab: Lab) -> None:
     lab.step()
     assert lab.members()["s2"][0] is MemberState.ACTIVE
     assert lab.events("resumed") == ["s2: utilization 0.60 < 0.70"]
+
+
+def test_a_hot_pool_pauses_nobody_and_a_warm_one_only_who_stands_out(lab: Lab) -> None:
+    lab.report_all(10)
+    lab.step()
+    lab.report("s2", 95)  # the others have room: it pauses
+    lab.step()
+    assert lab.members()["s2"][0] is MemberState.PAUSED
+    lab.report_all(90)  # the whole pool is hot (mean 0.9 >= th_over): pausing moves nothing
+    lab.step()
+    assert {state for state, _, _ in lab.members().values()} == {MemberState.ACTIVE}
+    assert lab.events("resumed") == [
+        "s2: the pool's mean utilization 0.90 is at th_over 0.8: a hot pool has no room to "
+        "move clients to"
+    ]
+    lab.report("s1", 60)
+    lab.report("s2", 85)
+    lab.report("s3", 100)  # mean 0.817: still hot
+    lab.step()
+    assert lab.members()["s3"][0] is MemberState.ACTIVE
+    for _ in range(3):
+        lab.report("s1", 40)
+        lab.report("s2", 85)  # above th_over, not above 1.25 x the mean (0.70 -> 0.875)
+        lab.report("s3", 85)
+        lab.step()
+    assert lab.members()["s2"][0] is MemberState.ACTIVE
+    lab.report("s3", 120)  # the mean rises to 0.817 with it: hot again, nobody pauses
+    lab.step()
+    assert lab.members()["s3"][0] is MemberState.ACTIVE
+    lab.report("s1", 10)
+    lab.report("s2", 10)
+    lab.report("s3", 120)  # mean 0.47: it stands out, and the others have room
+    lab.step()
+    lab.report("s3", 120)
+    lab.step()
+    assert lab.members()["s3"][0] is MemberState.PAUSED
+    assert lab.events("paused")[-1] == "s3: utilization 1.20 > 0.80 (th_over 0.8)"
 
 
 def test_ttl_shortens_and_weight_falls_as_load_rises(lab: Lab) -> None:

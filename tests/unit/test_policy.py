@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -11,12 +12,28 @@ from dnslb.errors import ConfigError
 from dnslb.policy import (
     PoolPolicy,
     ServerLoad,
+    answer_ttl_cap,
     is_paused,
+    judge_pause,
     member_ttl,
+    member_values,
     member_weight,
+    pause_threshold,
     smooth,
     update_load,
 )
+
+
+def fold(
+    load: ServerLoad | None,
+    sample: float,
+    at: float,
+    policy: PoolPolicy,
+    pool_mean: float | None = None,
+) -> ServerLoad:
+    """A sample folded in, then judged against the pool, as a manager's tick does."""
+    return judge_pause(update_load(load, sample, at, policy), policy, pool_mean)
+
 
 POLICY = PoolPolicy(
     th_over=0.8,
@@ -62,22 +79,84 @@ def test_pause_with_hysteresis(was_paused: bool, utilization: float, paused: boo
 
 def test_overload_pauses_at_once_and_recovery_waits_for_the_average() -> None:
     policy = dataclasses.replace(POLICY, smoothing=2.0)
-    load = update_load(None, 0.3, at=0.0, policy=policy)
+    load = fold(None, 0.3, at=0.0, policy=policy)
     assert not load.paused
-    load = update_load(load, 0.95, at=1.0, policy=policy)  # the sample alone pauses it
+    load = fold(load, 0.95, at=1.0, policy=policy)  # the sample alone pauses it
     assert load.paused
     assert load.utilization < 0.8
     for second in range(2, 7):
-        load = update_load(load, 0.95, at=float(second), policy=policy)
-    load = update_load(load, 0.60, at=7.0, policy=policy)  # sample low, average still high
+        load = fold(load, 0.95, at=float(second), policy=policy)
+    load = fold(load, 0.60, at=7.0, policy=policy)  # sample low, average still high
     assert load.paused
     steps = 0
     while load.paused and steps < 20:
         steps += 1
-        load = update_load(load, 0.60, at=7.0 + steps, policy=policy)
+        load = fold(load, 0.60, at=7.0 + steps, policy=policy)
     assert not load.paused
     assert load.utilization < 0.7
     assert steps >= 2  # came back carefully, not on the first low sample
+
+
+@pytest.mark.parametrize(
+    ("pool_mean", "relative", "threshold"),
+    [
+        pytest.param(None, 1.25, 0.8, id="no-pool-figure-th-over"),
+        pytest.param(0.3, 1.25, 0.8, id="cool-pool-th-over"),
+        pytest.param(0.72, 1.25, 0.9, id="warm-pool-relative"),
+        pytest.param(0.8, 1.25, math.inf, id="hot-pool-nobody-pauses"),
+        pytest.param(2.5, 1.25, math.inf, id="overloaded-pool-nobody-pauses"),
+        pytest.param(0.72, 0.0, 0.8, id="paper-th-over-alone"),
+        pytest.param(2.5, 0.0, 0.8, id="paper-pauses-a-hot-pool"),
+    ],
+)
+def test_pause_threshold_follows_the_pool(
+    pool_mean: float | None, relative: float, threshold: float
+) -> None:
+    policy = dataclasses.replace(POLICY, pause_relative=relative)
+    assert pause_threshold(policy, pool_mean) == pytest.approx(threshold)
+
+
+def test_a_hot_pool_resumes_its_paused_servers_and_pauses_none() -> None:
+    load = fold(None, 0.3, at=0.0, policy=POLICY, pool_mean=0.3)
+    load = fold(load, 0.95, at=1.0, policy=POLICY, pool_mean=0.3)
+    assert load.paused  # it stands out from a cool pool
+    load = fold(load, 0.95, at=2.0, policy=POLICY, pool_mean=0.9)
+    assert not load.paused  # the others have no room to take its clients
+    load = fold(load, 3.0, at=3.0, policy=POLICY, pool_mean=0.9)
+    assert not load.paused
+    paper = dataclasses.replace(POLICY, pause_relative=0.0)
+    assert fold(load, 0.95, at=4.0, policy=paper, pool_mean=0.9).paused
+
+
+def test_a_warm_pool_pauses_only_a_server_that_stands_out() -> None:
+    load = fold(None, 0.85, at=0.0, policy=POLICY, pool_mean=0.75)
+    assert not load.paused  # above th_over 0.8, but not above 1.25 x 0.75
+    load = fold(load, 1.0, at=1.0, policy=POLICY, pool_mean=0.75)
+    assert load.paused
+    load = fold(load, 0.85, at=2.0, policy=POLICY, pool_mean=0.75)
+    assert load.paused  # 0.85 is not below 1.25 x 0.75 - 0.1
+    load = fold(load, 0.5, at=3.0, policy=POLICY, pool_mean=0.75)
+    assert not load.paused  # both the sample and the average are
+
+
+@pytest.mark.parametrize(
+    ("serving", "cap"),
+    [
+        pytest.param(None, 60, id="unknown"),
+        pytest.param(0, 5, id="none-serving"),
+        pytest.param(1, 18, id="one-of-k"),  # 5 + 55 / 4 = 18.75, rounded down
+        pytest.param(3, 46, id="three-of-k"),  # 5 + 165 / 4 = 46.25
+        pytest.param(4, 60, id="k"),
+        pytest.param(20, 60, id="more-than-k"),
+    ],
+)
+def test_answer_ttl_cap_shrinks_with_fewer_servers_than_k(serving: int | None, cap: int) -> None:
+    policy = dataclasses.replace(POLICY, k=4)
+    assert answer_ttl_cap(policy, serving) == cap
+    values = member_values(0.0, 10, 100.0, policy, answered=True, pool_serving=serving)
+    assert values.ttl == cap  # an idle server's ttl_max, capped
+    fixed = dataclasses.replace(policy, ttl_min=40, ttl_max=40)  # a fixed TTL stays fixed
+    assert member_values(0.0, 10, 100.0, fixed, answered=True, pool_serving=serving).ttl == 40
 
 
 @pytest.mark.parametrize(

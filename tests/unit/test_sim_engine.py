@@ -269,10 +269,22 @@ def test_without_pause_an_overloaded_server_stays_in_answers(tmp_path: Path) -> 
 def test_the_product_pauses_an_overloaded_server(tmp_path: Path) -> None:
     async def check(simulation: Simulation) -> None:
         assert simulation.product is not None
-        load(simulation, [40, 0])
+        load(simulation, [20, 0])  # at 1.0, the other idle: it pauses
         await simulation.step(1.0)
         assert simulation.product.states()[simulation.servers[0].id][1] is True
         assert all(0 not in servers for servers, _ in answers(simulation, 10))
+
+    stepped(SMALL + FLAT, check, tmp_path)
+
+
+def test_in_a_hot_pool_the_weights_move_clients_not_pausing(tmp_path: Path) -> None:
+    async def check(simulation: Simulation) -> None:
+        assert simulation.product is not None
+        load(simulation, [40, 0])  # a queue on one, the other idle: the pool's mean is 1.0
+        await simulation.step(1.0)
+        assert simulation.product.states()[simulation.servers[0].id][1] is False
+        firsts = [servers[0] for servers, _ in answers(simulation, 40)]
+        assert firsts.count(1) >= 36  # weight 20 against the floor's 1
 
     stepped(SMALL + FLAT, check, tmp_path)
 
