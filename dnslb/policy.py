@@ -126,14 +126,12 @@ def update_load(
     )
 
 
-def judge_pause(load: ServerLoad, policy: PoolPolicy, pool_mean: float | None) -> ServerLoad:
-    """The server's load with the pause verdict for its pool's mean utilization ``pool_mean``
-    (with every server's newest sample folded in): it pauses as soon as either its newest
-    sample or its average is above :func:`pause_threshold` (react to overload at once), and
-    resumes only when both are below the threshold less ``hysteresis`` (come back carefully)."""
-    paused = is_paused(
-        load.paused, max(load.sample, load.utilization), policy, pause_threshold(policy, pool_mean)
-    )
+def judge_pause(load: ServerLoad, policy: PoolPolicy, threshold: float) -> ServerLoad:
+    """The server's load with its pause verdict against ``threshold`` (its pool's
+    :func:`pause_threshold`, with every server's newest sample folded in): it pauses as soon as
+    either its newest sample or its average is above it (react to overload at once), and
+    resumes only when both are below it less ``hysteresis`` (come back carefully)."""
+    paused = is_paused(load.paused, max(load.sample, load.utilization), policy, threshold)
     return load if paused == load.paused else dataclasses.replace(load, paused=paused)
 
 

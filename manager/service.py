@@ -38,7 +38,7 @@ from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan, Pool, PoolCache, normal_address, parse_plan_json
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
-from dnslb.policy import judge_pause, pause_threshold, update_load
+from dnslb.policy import ServerLoad, judge_pause, pause_threshold, update_load
 from dnslb.report import MAX_SERVED, Report
 from dnslb.selection import FamilyKey, answers_key
 from dnslb.tls import client_context, server_context
@@ -599,8 +599,7 @@ class Manager:
                 for server in list(pool.servers.values()):
                     self._isolated(server.id, "server", self._assess, pool, server, now, wall)
                 pool.mean_utilization, pool.serving = _pool_load(pool, now, self.config.down_after)
-                for server in list(pool.servers.values()):
-                    self._isolated(server.id, "server", self._judge, pool, server, wall)
+                self._isolated(f"pool {pool.name}", "pausing", self._judge, pool, wall)
             for name, lifecycle in self.lifecycles.items():
                 self._isolated(f"pool {name}", "lifecycle", lifecycle.tick, now, wall)
             plan = self._publish(now, wall)
@@ -696,34 +695,46 @@ class Manager:
                 server.load = update_load(server.load, utilization, report_at, pool.policy)
             server.folded_seq = report.seq
 
-    def _judge(self, pool: PoolRuntime, server: ServerRuntime, wall: float) -> None:
-        """Pause or resume a server for its load against its pool's (after :meth:`_assess`)."""
-        if server.load is not None:
-            server.load = judge_pause(server.load, pool.policy, pool.mean_utilization)
-        paused = server.load.paused if server.load is not None else False
-        if paused != server.paused and server.state is ServerState.ACTIVE:
-            assert server.load is not None
-            policy = pool.policy
-            threshold = pause_threshold(policy, pool.mean_utilization)
-            if paused:
-                load = max(server.load.sample, server.load.utilization)
-                why = f"utilization {load:.2f} > {threshold:.2f}" + (
-                    f" (th_over {policy.th_over:g})"
-                    if threshold == policy.th_over
-                    else f" ({policy.pause_relative:g} x the pool's mean)"
-                )
-            elif math.isinf(threshold):
-                why = (
-                    f"the pool's mean utilization {pool.mean_utilization:.2f} is at th_over "
-                    f"{policy.th_over:g}: a hot pool has no room to move clients to"
-                )
-            else:
-                resume = threshold - policy.hysteresis
-                why = f"utilization {server.load.utilization:.2f} < {resume:.2f}"
-            self.fleet.log(
-                wall, "paused" if paused else "resumed", why, pool=pool.name, server=server.id
+    def _judge(self, pool: PoolRuntime, wall: float) -> None:
+        """Pause or resume the pool's servers for their loads against the pool's (after every
+        one's :meth:`_assess`): one threshold for the pool, a comparison per server."""
+        policy = pool.policy
+        threshold = pause_threshold(policy, pool.mean_utilization)
+        for server in pool.servers.values():
+            load = server.load
+            if load is not None:
+                server.load = load = judge_pause(load, policy, threshold)
+            paused = load.paused if load is not None else False
+            if paused != server.paused:
+                if server.state is ServerState.ACTIVE and load is not None:
+                    self._log_pause(pool, server, load, threshold, wall)
+                server.paused = paused
+
+    def _log_pause(
+        self,
+        pool: PoolRuntime,
+        server: ServerRuntime,
+        load: ServerLoad,
+        threshold: float,
+        wall: float,
+    ) -> None:
+        policy = pool.policy
+        if load.paused:
+            why = f"utilization {max(load.sample, load.utilization):.2f} > {threshold:.2f}" + (
+                f" (th_over {policy.th_over:g})"
+                if threshold == policy.th_over
+                else f" ({policy.pause_relative:g} x the pool's mean)"
             )
-        server.paused = paused
+        elif math.isinf(threshold):
+            why = (
+                f"the pool's mean utilization {pool.mean_utilization:.2f} is at th_over "
+                f"{policy.th_over:g}: a hot pool has no room to move clients to"
+            )
+        else:
+            why = f"utilization {load.utilization:.2f} < {threshold - policy.hysteresis:.2f}"
+        self.fleet.log(
+            wall, "paused" if load.paused else "resumed", why, pool=pool.name, server=server.id
+        )
 
     def ready(self) -> bool:
         """True once the manager publishes plans (after the start-up wait)."""

@@ -62,7 +62,8 @@ def test_each_reason_for_being_out_of_the_answers(tmp_path: Path) -> None:
     lab.step(lambda s: 95 if s == "s3" else 20)
     why = reasons(lab)
     assert why["s3"] == (
-        "paused by the policy: utilization 0.95 (newest sample 0.95) went above th_over 0.8; "
+        "paused by the policy: utilization 0.95 (newest sample 0.95) went above its pause "
+        "threshold (th_over 0.8, or 1.25 x the pool's mean); "
         "resumes when both are below 0.70"
     )
     s3 = lab.control.explain("www").members[2]
@@ -85,12 +86,15 @@ def test_each_reason_for_being_out_of_the_answers(tmp_path: Path) -> None:
 def test_a_silent_server_and_the_fallback(tmp_path: Path) -> None:
     lab = Lab(tmp_path)
     lab.step(seconds=2)
-    lab.step(lambda s: 95 if s != "s2" else None, seconds=5)
+    lab.manager.admin("s1", AdminAction.PAUSE, "kernel update")
+    lab.step(lambda s: {"s1": 10, "s3": 95}.get(s), seconds=5)
     why = reasons(lab)
     assert why["s2"].startswith("down: no report for ")
-    # s1 and s3 are paused and s2 is down: fail_open answers the paused ones.
+    # s1 is paused by an operator, s3 by the policy (the pool's mean, 0.53, leaves room), and
+    # s2 is down: fail_open answers the paused ones.
+    assert why["s1"].startswith("paused by an operator (kernel update)")
+    assert why["s3"].startswith("paused by the policy")
     for server in ("s1", "s3"):
-        assert why[server].startswith("paused by the policy")
         assert why[server].endswith(
             "; answered anyway by the fallback (fail_open: no member is eligible)"
         )

@@ -32,7 +32,8 @@ def fold(
     pool_mean: float | None = None,
 ) -> ServerLoad:
     """A sample folded in, then judged against the pool, as a manager's tick does."""
-    return judge_pause(update_load(load, sample, at, policy), policy, pool_mean)
+    folded = update_load(load, sample, at, policy)
+    return judge_pause(folded, policy, pause_threshold(policy, pool_mean))
 
 
 POLICY = PoolPolicy(
