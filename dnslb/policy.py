@@ -261,11 +261,10 @@ def member_values(
     if not answered:
         return MemberValues(utilization=rounded, weight=0.0, ttl=policy.ttl_min)
     weight = member_weight(rounded, max_concurrency or 1, serving_for, policy)
-    return MemberValues(
-        utilization=rounded,
-        weight=round(weight, 2),
-        ttl=min(member_ttl(rounded, policy), answer_ttl_cap(policy, pool_serving)),
-    )
+    ttl = member_ttl(rounded, policy)
+    if pool_serving is not None and pool_serving < policy.k:
+        ttl = min(ttl, answer_ttl_cap(policy, pool_serving))
+    return MemberValues(utilization=rounded, weight=round(weight, 2), ttl=ttl)
 
 
 def answer_ttl_cap(policy: PoolPolicy, serving: int | None) -> int:

@@ -46,7 +46,7 @@ from daemons.process import (
 )
 from dnslb.config import checked, to_document
 from dnslb.errors import ConfigError, DnslbError, PlanError, ProcessError
-from dnslb.plan import MemberState, Plan, parse_plan_json
+from dnslb.plan import Member, MemberState, Plan, parse_plan_json
 from lab.history import ManagerApi, ManagerHistory
 from lab.objects import ObjectCatalog
 from lab.resolvers import Resolvers, resolver_addresses
@@ -441,9 +441,13 @@ class Lab:
                 history.poll()
 
     def _sample(self) -> None:
-        """Append the pool's members, as published, to the samples file every interval."""
+        """Append the pool's members, as published, to the samples file every interval, each
+        with its utilization as the manager has it now: the plan carries a pool again only when
+        its answers change (docs/plan.md), so its utilizations can be old; its states, weights
+        and TTLs are what DNS answers."""
         path = self.workdir / SAMPLES_FILE
         name = self.settings.dns_name
+        api = ManagerApi(self.settings.manager_url, self.token_path.read_text().strip())
         last_stat: tuple[int, int] | None = None
         plan: Plan | None = None
         with open(path, "a") as out:
@@ -458,8 +462,9 @@ class Lab:
                     last_stat = key
                 if plan is None:
                     continue
+                measured = _utilizations(api)
                 members = [
-                    [m.id, m.address, m.state.value, m.utilization, m.weight, m.ttl]
+                    _sampled(m, measured.get(m.id, m.utilization))
                     for pool in plan.pools
                     if pool.name == name
                     for m in pool.members
@@ -668,3 +673,22 @@ def _show_answers(settings: LabSettings) -> None:
         for rrset in reply.answer:
             data = " ".join(str(rdata) for rdata in rrset)
             _say(f"  {qname:<24} {rtype:<4} ttl={rrset.ttl:<4} {data}")
+
+
+def _sampled(member: Member, utilization: float | None) -> list[object]:
+    """A sample's member: id, address, state, weight and TTL as DNS answers, utilization now."""
+    return [member.id, member.address, member.state.value, utilization, member.weight, member.ttl]
+
+
+def _utilizations(api: ManagerApi) -> dict[str, float]:
+    """Each server's smoothed utilization as the manager has it now (empty when the API does
+    not answer: the plan's then)."""
+    try:
+        servers = api.get("/v1/servers")
+        return {
+            str(item["id"]): float(item["utilization"])
+            for item in servers
+            if isinstance(item, dict) and isinstance(item.get("utilization"), int | float)
+        }
+    except (ProcessError, KeyError, TypeError, ValueError):
+        return {}

@@ -702,7 +702,9 @@ class Manager:
         threshold = pause_threshold(policy, pool.mean_utilization)
         for server in pool.servers.values():
             load = server.load
-            if load is not None:
+            if load is not None and (
+                load.paused or load.sample > threshold or load.utilization > threshold
+            ):  # the verdict can change (the common case, below and unpaused, cannot)
                 server.load = load = judge_pause(load, policy, threshold)
             paused = load.paused if load is not None else False
             if paused != server.paused:
