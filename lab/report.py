@@ -10,7 +10,8 @@ window (from its start to its end):
   a server's states are its events' ``to_state``, and it costs from its launch to its
   termination, clipped to the window (server-seconds);
 - **per-server utilization, weights and TTLs**: the lab's samples of the published plan
-  (``plan-samples.jsonl``, one a second).
+  (``plan-samples.jsonl``, one a second), each member's utilization as the manager's API gave
+  it at that moment (the plan holds a pool whose answers did not change, with its old values).
 
 The figures are :class:`~evaluation.columns.CaseResult`'s, computed by
 :func:`~evaluation.columns.paper_columns` as the simulator computes them, so that a lab case and a
