@@ -87,7 +87,7 @@ def test_a_silent_server_and_the_fallback(tmp_path: Path) -> None:
     lab = Lab(tmp_path)
     lab.step(seconds=2)
     lab.manager.admin("s1", AdminAction.PAUSE, "kernel update")
-    lab.step(lambda s: {"s1": 10, "s3": 95}.get(s), seconds=5)
+    lab.step({"s1": 10, "s3": 95}.get, seconds=5)
     why = reasons(lab)
     assert why["s2"].startswith("down: no report for ")
     # s1 is paused by an operator, s3 by the policy (the pool's mean, 0.53, leaves room), and
