@@ -142,10 +142,10 @@ def pause_threshold(policy: PoolPolicy, pool_mean: float | None) -> float:
 
     Pausing moves new clients from a server to the others, which must have room for them. In
     a hot pool every server is above ``th_over``: pausing them in turns sent every new resolver
-    to the few not paused, for a whole TTL, and those were next, and even pausing only the
-    servers at 2 or 3 times the pool's mean left capacity idle while the rest queued (the lab
-    and the simulator, docs/simulation.md). There the autoscaler carries the load, and the
-    weights (all at their floor) share it evenly. ``pause_relative`` 0 is the paper's rule:
+    to the few not paused, for a whole TTL, and those were next (the lab and the simulator);
+    even pausing only the servers at 2 or 3 times the pool's mean left capacity idle while the
+    rest queued (the simulator; docs/simulation.md). There the autoscaler carries the load, and
+    the weights (all at their floor) share it evenly. ``pause_relative`` 0 is the paper's rule:
     ``th_over`` alone, whatever the pool.
     """
     if pool_mean is None or policy.pause_relative <= 0:
