@@ -24,7 +24,7 @@ down_after: 3
 pools:
   - name: www
     zone: example.test
-    policy: {slow_start: 0, smoothing: 0}
+    policy: {k: 2, slow_start: 0, smoothing: 0}  # k = its servers: no TTL cap (a smaller pool)
     members:
       - {id: s1, address: 10.0.0.1}
       - {id: s2, address: 10.0.0.2}
