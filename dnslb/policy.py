@@ -155,17 +155,14 @@ def pause_threshold(policy: PoolPolicy, pool_mean: float | None) -> float:
     return max(policy.th_over, policy.pause_relative * pool_mean)
 
 
-def is_paused(
-    was_paused: bool, utilization: float, policy: PoolPolicy, threshold: float | None = None
-) -> bool:
-    """Pause above ``threshold`` (``th_over`` by default); once paused, stay paused until below
+def is_paused(was_paused: bool, utilization: float, policy: PoolPolicy, threshold: float) -> bool:
+    """Pause above ``threshold`` (:func:`pause_threshold`); once paused, stay paused until below
     ``threshold - hysteresis`` (never, when the policy does not pause)."""
     if not policy.pause:
         return False
-    above = policy.th_over if threshold is None else threshold
     if was_paused:
-        return utilization >= above - policy.hysteresis - 1e-9  # 0.8 - 0.1 > 0.7
-    return utilization > above
+        return utilization >= threshold - policy.hysteresis - 1e-9  # 0.8 - 0.1 > 0.7
+    return utilization > threshold
 
 
 def _spare(utilization: float) -> float:

@@ -178,6 +178,18 @@ def lead_then_stand_by(a: ManagerProcess, b: ManagerProcess) -> None:
     _first(lambda: role(b) == ("standby", 0), "b stands by")
 
 
+def kill_the_leader(a: ManagerProcess, b: ManagerProcess) -> tuple[float, float]:
+    """SIGKILL the leader ``a`` and wait until the standby ``b`` leads in epoch 2: (the
+    monotonic moment of the kill, seconds from it to ``b`` leading)."""
+    assert a.process is not None
+    os.killpg(a.process.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    a.process.wait()
+    a.process = None
+    _first(lambda: role(b) == ("leader", 2), "b leads")
+    return killed, time.monotonic() - killed
+
+
 @contextlib.contextmanager
 def leader_and_standby(
     tmp_path: Path, shared: Path
@@ -211,13 +223,7 @@ def test_kill_the_leader_during_a_scale_out(tmp_path: Path, shared: Path) -> Non
             ),
             "a launch under way",
         )
-        assert a.process is not None
-        os.killpg(a.process.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        a.process.wait()
-        a.process = None
-        _first(lambda: role(b) == ("leader", 2), "b leads")
-        leading = time.monotonic() - killed
+        killed, leading = kill_the_leader(a, b)
         _first(b.plan_path.exists, "b publishes")
         published = time.monotonic() - killed
         assert json.loads(b.plan_path.read_text())["epoch"] == 2

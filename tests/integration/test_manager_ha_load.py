@@ -13,9 +13,7 @@ requests, are printed, not asserted.
 from __future__ import annotations
 
 import http.client
-import os
 import shutil
-import signal
 import threading
 import time
 from collections import Counter
@@ -33,12 +31,12 @@ from tests.integration.stack import Origin, Resolver
 from tests.integration.test_manager_ha import (
     SERVERS,
     _first,
+    kill_the_leader,
     lab_processes,
     lead_then_stand_by,
     manager_in,
     peers,
     recorded_pids,
-    role,
     server_dirs,
     servers,
     shared,  # noqa: F401 (a fixture)
@@ -179,13 +177,7 @@ def test_kill_the_leader_during_a_scale_out_under_load(tmp_path: Path, shared: P
                     "a launch under way",
                 )
                 time.sleep(0.5)  # requests in flight on the first server(s)
-                assert a.process is not None
-                os.killpg(a.process.pid, signal.SIGKILL)
-                killed = time.monotonic()
-                a.process.wait()
-                a.process = None
-                _first(lambda: role(b) == ("leader", 2), "b leads")
-                leading = time.monotonic() - killed
+                killed, leading = kill_the_leader(a, b)
                 _first(lambda: _plan_epoch(reader) == 2, "b publishes")
                 published = time.monotonic() - killed
                 _first(

@@ -75,7 +75,7 @@ def test_smooth(
     ],
 )
 def test_pause_with_hysteresis(was_paused: bool, utilization: float, paused: bool) -> None:
-    assert is_paused(was_paused, utilization, POLICY) is paused
+    assert is_paused(was_paused, utilization, POLICY, POLICY.th_over) is paused
 
 
 def test_overload_pauses_at_once_and_recovery_waits_for_the_average() -> None:
