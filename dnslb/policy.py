@@ -55,6 +55,14 @@ class PoolPolicy:
         min=0.0,
         max=100.0,
     )
+    pause_dwell: float = setting(
+        30.0,
+        help="seconds a pause verdict stands at least: a paused server stays out of answers, "
+        "and a resumed one is not paused again, for this long (a hot pool resumes every "
+        "server at once); 0: none (the paper)",
+        min=0.0,
+        max=3600.0,
+    )
     ttl_knee: float = setting(
         0.5, help="fraction of th_over up to which the TTL stays at ttl_max", min=0.0, max=1.0
     )
@@ -101,6 +109,7 @@ class ServerLoad:
     sample: float  # the newest sample
     paused: bool
     at: float  # monotonic time of the newest sample
+    changed_at: float | None = None  # monotonic time of the last pause or resume
 
 
 def smooth(previous: float, sample: float, elapsed: float, time_constant: float) -> float:
@@ -123,16 +132,45 @@ def update_load(
         sample=sample,
         paused=previous.paused,
         at=at,
+        changed_at=previous.changed_at,
     )
 
 
-def judge_pause(load: ServerLoad, policy: PoolPolicy, threshold: float) -> ServerLoad:
-    """The server's load with its pause verdict against ``threshold`` (its pool's
-    :func:`pause_threshold`, with every server's newest sample folded in): it pauses as soon as
-    either its newest sample or its average is above it (react to overload at once), and
-    resumes only when both are below it less ``hysteresis`` (come back carefully)."""
+def judge_pause(
+    load: ServerLoad, policy: PoolPolicy, threshold: float, now: float, *, room: bool = True
+) -> ServerLoad:
+    """The server's load with its pause verdict at monotonic time ``now`` against ``threshold``
+    (its pool's :func:`pause_threshold`, with every server's newest sample folded in): it
+    pauses as soon as either its newest sample or its average is above it (react to overload
+    at once), and resumes only when both are below it less ``hysteresis`` (come back
+    carefully).
+
+    A verdict stands ``pause_dwell`` seconds at least, except that every server resumes at
+    once in a hot pool (``threshold`` inf); and a server pauses only when its pool has
+    ``room`` (:func:`pause_room`) for its clients."""
     paused = is_paused(load.paused, max(load.sample, load.utilization), policy, threshold)
-    return load if paused == load.paused else dataclasses.replace(load, paused=paused)
+    if paused == load.paused or (paused and not room):
+        return load
+    dwelt = load.changed_at is None or now - load.changed_at >= policy.pause_dwell
+    if not dwelt and (paused or not math.isinf(threshold)):
+        return load
+    return dataclasses.replace(load, paused=paused, changed_at=now)
+
+
+def pause_room(policy: PoolPolicy, pool_load: float, unpaused: int) -> bool:
+    """Whether a pool whose servers' utilizations add up to ``pool_load`` (the paused ones'
+    included: their clients are still leaving them) has room to pause one of its ``unpaused``
+    servers: the others could take the whole load and stay below the level at which a paused
+    server resumes (``th_over - hysteresis``). Always, with the paper's rule
+    (``pause_relative`` 0).
+
+    Pausing moves whole resolvers' clients. Without room, the servers that took them went
+    above the threshold in turn, and servers flipped between paused and resumed hundreds of
+    times an hour at 60-90 % of a pool's capacity, with a worse mean response and balance than
+    never pausing (the simulator; docs/simulation.md)."""
+    if policy.pause_relative <= 0:
+        return True
+    return unpaused > 1 and pool_load / (unpaused - 1) < policy.th_over - policy.hysteresis
 
 
 def pause_threshold(policy: PoolPolicy, pool_mean: float | None) -> float:

@@ -50,6 +50,7 @@ def plain(ttl: int, th_over: float) -> dict[str, Any]:
         "ttl_max": ttl,
         "th_over": th_over,
         "pause_relative": 0.0,  # the paper's pausing: th_over alone
+        "pause_dwell": 0.0,
         "hysteresis": 0.0,
         "smoothing": 0.0,
         "slow_start": 0.0,

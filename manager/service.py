@@ -38,7 +38,7 @@ from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan, Pool, PoolCache, normal_address, parse_plan_json
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
-from dnslb.policy import ServerLoad, judge_pause, pause_threshold, update_load
+from dnslb.policy import ServerLoad, judge_pause, pause_room, pause_threshold, update_load
 from dnslb.report import MAX_SERVED, Report
 from dnslb.selection import FamilyKey, answers_key
 from dnslb.tls import client_context, server_context
@@ -598,8 +598,12 @@ class Manager:
             for pool in self.fleet.pools.values():
                 for server in list(pool.servers.values()):
                     self._isolated(server.id, "server", self._assess, pool, server, now, wall)
-                pool.mean_utilization, pool.serving = _pool_load(pool, now, self.config.down_after)
-                self._isolated(f"pool {pool.name}", "pausing", self._judge, pool, wall)
+                pool.mean_utilization, pool.serving, unpaused = _pool_load(
+                    pool, now, self.config.down_after
+                )
+                self._isolated(
+                    f"pool {pool.name}", "pausing", self._judge, pool, unpaused, now, wall
+                )
             for name, lifecycle in self.lifecycles.items():
                 self._isolated(f"pool {name}", "lifecycle", lifecycle.tick, now, wall)
             plan = self._publish(now, wall)
@@ -695,17 +699,23 @@ class Manager:
                 server.load = update_load(server.load, utilization, report_at, pool.policy)
             server.folded_seq = report.seq
 
-    def _judge(self, pool: PoolRuntime, wall: float) -> None:
+    def _judge(self, pool: PoolRuntime, unpaused: int, now: float, wall: float) -> None:
         """Pause or resume the pool's servers for their loads against the pool's (after every
-        one's :meth:`_assess`): one threshold for the pool, a comparison per server."""
+        one's :meth:`_assess`): one threshold for the pool, a comparison per server; each
+        pause leaves one server fewer to take the pool's load (``unpaused``)."""
         policy = pool.policy
         threshold = pause_threshold(policy, pool.mean_utilization)
+        pool_load = (pool.mean_utilization or 0.0) * pool.serving
         for server in pool.servers.values():
             load = server.load
             if load is not None and (
                 load.paused or load.sample > threshold or load.utilization > threshold
             ):  # the verdict can change (the common case, below and unpaused, cannot)
-                server.load = load = judge_pause(load, policy, threshold)
+                was_paused = load.paused
+                room = pause_room(policy, pool_load, unpaused)
+                server.load = load = judge_pause(load, policy, threshold, now, room=room)
+                if load.paused and not was_paused:
+                    unpaused -= 1
             paused = load.paused if load is not None else False
             if paused != server.paused:
                 if server.state is ServerState.ACTIVE and load is not None:
@@ -1173,13 +1183,15 @@ def _static_record(pool: PoolConfig, member: MemberConfig, now: float) -> Server
     )
 
 
-def _pool_load(pool: PoolRuntime, now: float, down_after: float) -> tuple[float | None, int]:
+def _pool_load(pool: PoolRuntime, now: float, down_after: float) -> tuple[float | None, int, int]:
     """The mean smoothed utilization of the pool's active servers with a fresh report, paused
     ones included (None when there are none): what a server's load is judged against
-    (:func:`~dnslb.policy.pause_threshold`); and how many they are. A queue counts (a
-    utilization above 1): the pool's requests in progress over its worker slots."""
+    (:func:`~dnslb.policy.pause_threshold`); how many they are, and how many of them are not
+    paused (:func:`~dnslb.policy.pause_room`). A queue counts (a utilization above 1): the
+    pool's requests in progress over its worker slots."""
     total = 0.0
     count = 0
+    unpaused = 0
     for server in pool.servers.values():
         load = server.load
         report_at = server.report_at
@@ -1191,4 +1203,6 @@ def _pool_load(pool: PoolRuntime, now: float, down_after: float) -> tuple[float 
         ):
             total += load.utilization
             count += 1
-    return (total / count if count else None), count
+            if not load.paused:
+                unpaused += 1
+    return (total / count if count else None), count, unpaused

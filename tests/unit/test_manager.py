@@ -33,7 +33,7 @@ pools:
     zone: example.test
     policy:
       {k: 2, th_over: 0.8, hysteresis: 0.1, ttl_max: 60, ttl_min: 5, slow_start: 0, smoothing: 0,
-       weight_function: spare}
+       weight_function: spare, pause_dwell: 0}
     members:
       - {id: s1, address: 10.0.0.1}
       - {id: s2, address: 10.0.0.2}
@@ -188,12 +188,38 @@ def test_a_hot_pool_pauses_nobody_and_a_warm_one_only_who_stands_out(lab: Lab) -
     assert lab.members()["s3"][0] is MemberState.ACTIVE
     lab.report("s1", 10)
     lab.report("s2", 10)
-    lab.report("s3", 120)  # mean 0.47: it stands out, and the others have room
+    lab.report("s3", 110)  # mean 0.43: it stands out, and the others have room
     lab.step()
-    lab.report("s3", 120)
+    lab.report("s3", 110)
     lab.step()
     assert lab.members()["s3"][0] is MemberState.PAUSED
-    assert lab.events("paused")[-1] == "s3: utilization 1.20 > 0.80 (th_over 0.8)"
+    assert lab.events("paused")[-1] == "s3: utilization 1.10 > 0.80 (th_over 0.8)"
+
+
+def test_a_pause_needs_room_and_a_verdict_stands_for_the_dwell_time(tmp_path: Path) -> None:
+    lab = Lab(tmp_path, CONFIG.replace("pause_dwell: 0", "pause_dwell: 10"))
+
+    def tick(s1: int, s2: int, s3: int, seconds: int = 1) -> None:
+        for _ in range(seconds):
+            lab.report("s1", s1)
+            lab.report("s2", s2)
+            lab.report("s3", s3)
+            lab.step()
+
+    tick(60, 95, 60)  # s2 stands out (0.95 > 1.25 x 0.72), but s1 and s3 would take 2.15
+    assert lab.members()["s2"][0] is MemberState.ACTIVE
+    tick(10, 95, 10)  # they could take 1.15 (0.575 each, below the resume line 0.7)
+    assert lab.members()["s2"][0] is MemberState.PAUSED
+    tick(10, 10, 10, seconds=9)  # cool at once, but paused 9 s ago
+    assert lab.members()["s2"][0] is MemberState.PAUSED
+    tick(10, 10, 10)
+    assert lab.members()["s2"][0] is MemberState.ACTIVE
+    tick(10, 95, 10, seconds=9)  # hot at once, but resumed 9 s ago
+    assert lab.members()["s2"][0] is MemberState.ACTIVE
+    tick(10, 95, 10)
+    assert lab.members()["s2"][0] is MemberState.PAUSED
+    assert len(lab.events("paused")) == 2
+    assert len(lab.events("resumed")) == 1
 
 
 def test_ttl_shortens_and_weight_falls_as_load_rises(lab: Lab) -> None:

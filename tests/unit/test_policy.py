@@ -18,6 +18,7 @@ from dnslb.policy import (
     member_ttl,
     member_values,
     member_weight,
+    pause_room,
     pause_threshold,
     smooth,
     update_load,
@@ -30,15 +31,17 @@ def fold(
     at: float,
     policy: PoolPolicy,
     pool_mean: float | None = None,
+    room: bool = True,
 ) -> ServerLoad:
     """A sample folded in, then judged against the pool, as a manager's tick does."""
     folded = update_load(load, sample, at, policy)
-    return judge_pause(folded, policy, pause_threshold(policy, pool_mean))
+    return judge_pause(folded, policy, pause_threshold(policy, pool_mean), at, room=room)
 
 
 POLICY = PoolPolicy(
     th_over=0.8,
     hysteresis=0.1,
+    pause_dwell=0.0,  # the dwell time's own tests set it
     ttl_max=60,
     ttl_min=5,
     ttl_knee=0.5,
@@ -138,6 +141,55 @@ def test_a_warm_pool_pauses_only_a_server_that_stands_out() -> None:
     assert load.paused  # 0.85 is not below 1.25 x 0.75 - 0.1
     load = fold(load, 0.5, at=3.0, policy=POLICY, pool_mean=0.75)
     assert not load.paused  # both the sample and the average are
+
+
+@pytest.mark.parametrize(
+    ("pool_load", "unpaused", "relative", "room"),
+    [
+        pytest.param(1.0, 4, 1.25, True, id="three-take-one-third-each"),
+        pytest.param(2.0, 4, 1.25, True, id="three-stay-below-the-resume-line"),
+        pytest.param(2.1, 4, 1.25, False, id="three-would-reach-the-resume-line"),
+        pytest.param(2.1, 5, 1.25, True, id="four-take-it"),
+        pytest.param(0.9, 1, 1.25, False, id="the-only-server-serving"),
+        pytest.param(0.0, 0, 1.25, False, id="none-serving"),
+        pytest.param(3.0, 4, 0.0, True, id="paper-always"),
+    ],
+)
+def test_pause_room(pool_load: float, unpaused: int, relative: float, room: bool) -> None:
+    policy = dataclasses.replace(POLICY, pause_relative=relative)
+    assert pause_room(policy, pool_load, unpaused) is room
+
+
+def test_without_room_a_server_serves_on_and_a_paused_one_resumes_as_usual() -> None:
+    load = fold(None, 0.95, at=0.0, policy=POLICY, pool_mean=0.3, room=False)
+    assert not load.paused
+    load = fold(load, 0.95, at=1.0, policy=POLICY, pool_mean=0.3)
+    assert load.paused
+    load = fold(load, 0.9, at=2.0, policy=POLICY, pool_mean=0.3, room=False)
+    assert load.paused  # room is about pausing one more
+    load = fold(load, 0.2, at=3.0, policy=POLICY, pool_mean=0.3, room=False)
+    assert not load.paused
+
+
+def test_a_verdict_stands_for_the_dwell_time() -> None:
+    policy = dataclasses.replace(POLICY, pause_dwell=30.0)
+    load = fold(None, 0.95, at=0.0, policy=policy, pool_mean=0.3)
+    assert load.paused  # the first verdict needs no dwell
+    assert load.changed_at == 0.0
+    load = fold(load, 0.1, at=1.0, policy=policy, pool_mean=0.3)
+    assert load.paused  # cool, but paused 1 s ago
+    load = fold(load, 0.1, at=29.0, policy=policy, pool_mean=0.3)
+    assert load.paused
+    load = fold(load, 0.1, at=30.0, policy=policy, pool_mean=0.3)
+    assert not load.paused
+    assert load.changed_at == 30.0
+    load = fold(load, 0.95, at=31.0, policy=policy, pool_mean=0.3)
+    assert not load.paused  # hot again, but resumed 1 s ago
+    assert load.changed_at == 30.0
+    load = fold(load, 0.95, at=60.0, policy=policy, pool_mean=0.3)
+    assert load.paused
+    load = fold(load, 0.95, at=61.0, policy=policy, pool_mean=0.9)
+    assert not load.paused  # a hot pool resumes every server at once, dwell or not
 
 
 @pytest.mark.parametrize(

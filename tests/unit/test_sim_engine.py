@@ -210,7 +210,9 @@ def test_the_answers_are_the_pipe_backends_from_the_managers_plan(tmp_path: Path
 
 def test_paused_servers_are_left_out_of_answers(tmp_path: Path) -> None:
     async def check(simulation: Simulation) -> None:
-        load(simulation, [19, 4, 20, 6, 2])  # of 20 slots: 0 and 2 above th_over 0.8
+        # of 20 slots: 0 and 2 above th_over 0.8, and the other three could take the pool's
+        # whole load (2.05) below the resume line (0.7 each)
+        load(simulation, [19, 2, 20, 0, 0])
         await simulation.step(1.0)
         assert simulation.product is not None
         states = simulation.product.states()
@@ -269,10 +271,22 @@ def test_without_pause_an_overloaded_server_stays_in_answers(tmp_path: Path) -> 
 def test_the_product_pauses_an_overloaded_server(tmp_path: Path) -> None:
     async def check(simulation: Simulation) -> None:
         assert simulation.product is not None
-        load(simulation, [20, 0])  # at 1.0, the other idle: it pauses
+        load(simulation, [20, 0, 0, 0])  # at 1.0, the others idle: it pauses
         await simulation.step(1.0)
         assert simulation.product.states()[simulation.servers[0].id][1] is True
         assert all(0 not in servers for servers, _ in answers(simulation, 10))
+
+    stepped(SMALL.replace("initial: 2", "initial: 4") + FLAT, check, tmp_path)
+
+
+def test_a_pool_without_room_for_its_clients_does_not_pause_it(tmp_path: Path) -> None:
+    async def check(simulation: Simulation) -> None:
+        assert simulation.product is not None
+        load(simulation, [20, 0])  # the other one would be at 1.0 with its clients
+        await simulation.step(1.0)
+        assert simulation.product.states()[simulation.servers[0].id][1] is False
+        firsts = [servers[0] for servers, _ in answers(simulation, 40)]
+        assert firsts.count(1) >= 36  # the weights move them: 20 against the floor's 1
 
     stepped(SMALL + FLAT, check, tmp_path)
 
