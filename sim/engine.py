@@ -53,7 +53,7 @@ from evaluation.columns import (
     paper_columns,
 )
 from sim.metrics import RunResult
-from sim.product import BASE, POOL_NAME, Product, client_address, static_servers
+from sim.product import BASE, POOL_NAME, WALL, Product, client_address, static_servers
 from sim.scenario import Scenario
 
 __all__ = ["POOL_NAME", "Simulation", "simulate"]
@@ -689,6 +689,13 @@ class Simulation:
         launches = Counter(server.id for server in self.servers)
         self.double_launches = sum(1 for count in launches.values() if count > 1)
 
+    def _pause_flips(self) -> int:
+        """The manager's pause verdicts changed during the run (the warm-up's left out)."""
+        if self.product is None:
+            return 0
+        events = self.product.manager.store.events(kinds=["paused", "resumed"], limit=10_000_000)
+        return sum(1 for event in events if event.time >= WALL + BASE)  # simulated second 0
+
     def _result(self, end: float) -> RunResult:
         scenario = self.scenario
         stats = ResponseStats.from_histogram(self.histogram, self.total_response)
@@ -717,6 +724,7 @@ class Simulation:
             sent_to_terminated=self.sent_to_terminated,
             orphans=self.orphans,
             double_launches=self.double_launches,
+            pause_flips=self._pause_flips(),
             user_ttl=self.user_ttl_total / self.user_lookups if self.user_lookups else math.nan,
         )
 

@@ -303,6 +303,16 @@ def test_in_a_hot_pool_the_weights_move_clients_not_pausing(tmp_path: Path) -> N
     stepped(SMALL + FLAT, check, tmp_path)
 
 
+def test_a_run_counts_the_managers_pause_flips() -> None:
+    def flips(dns: str) -> int:
+        return Simulation(scenario(SMALL + dns), seed=1).run().pause_flips
+
+    paper = flips("dns: {policy: {pause_relative: 0, pause_dwell: 0}}\n")
+    product = flips("")
+    assert paper > product > 0  # 18 and 4 (seed 1): room and the dwell time flip less
+    assert flips("dns: {pause: false}\n") == 0
+
+
 def test_a_crashed_server_fails_its_requests_and_leaves_the_answers(tmp_path: Path) -> None:
     text = SMALL + "failures: [{at: 100, servers: 1}]\n"
     simulation = Simulation(scenario(text), seed=2)
