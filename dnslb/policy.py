@@ -57,9 +57,8 @@ class PoolPolicy:
     )
     pause_dwell: float = setting(
         30.0,
-        help="seconds a pause verdict stands at least: a paused server stays out of answers, "
-        "and a resumed one is not paused again, for this long (a hot pool resumes every "
-        "server at once); 0: none (the paper)",
+        help="seconds a resumed server serves at least before it can pause again (without it, "
+        "servers flipped between paused and resumed every few seconds); 0: none (the paper)",
         min=0.0,
         max=3600.0,
     )
@@ -109,7 +108,7 @@ class ServerLoad:
     sample: float  # the newest sample
     paused: bool
     at: float  # monotonic time of the newest sample
-    changed_at: float | None = None  # monotonic time of the last pause or resume
+    resumed_at: float | None = None  # monotonic time it last resumed
 
 
 def smooth(previous: float, sample: float, elapsed: float, time_constant: float) -> float:
@@ -132,7 +131,7 @@ def update_load(
         sample=sample,
         paused=previous.paused,
         at=at,
-        changed_at=previous.changed_at,
+        resumed_at=previous.resumed_at,
     )
 
 
@@ -145,32 +144,35 @@ def judge_pause(
     at once), and resumes only when both are below it less ``hysteresis`` (come back
     carefully).
 
-    A verdict stands ``pause_dwell`` seconds at least, except that every server resumes at
-    once in a hot pool (``threshold`` inf); and a server pauses only when its pool has
-    ``room`` (:func:`pause_room`) for its clients."""
+    It pauses only when its pool has ``room`` (:func:`pause_room`) for its clients, and not
+    within ``pause_dwell`` seconds of resuming: a server just resumed gets new clients with its
+    low utilization, so it would be above the threshold again as soon as they come, and flip.
+    (Holding a paused server out for a dwell time too left capacity idle: the autoscaler
+    launched more, docs/simulation.md.)"""
     paused = is_paused(load.paused, max(load.sample, load.utilization), policy, threshold)
-    if paused == load.paused or (paused and not room):
+    if paused == load.paused:
         return load
-    dwelt = load.changed_at is None or now - load.changed_at >= policy.pause_dwell
-    if not dwelt and (paused or not math.isinf(threshold)):
+    if not paused:
+        return dataclasses.replace(load, paused=False, resumed_at=now)
+    if not room or (load.resumed_at is not None and now - load.resumed_at < policy.pause_dwell):
         return load
-    return dataclasses.replace(load, paused=paused, changed_at=now)
+    return dataclasses.replace(load, paused=True)
 
 
 def pause_room(policy: PoolPolicy, pool_load: float, unpaused: int) -> bool:
     """Whether a pool whose servers' utilizations add up to ``pool_load`` (the paused ones'
     included: their clients are still leaving them) has room to pause one of its ``unpaused``
-    servers: the others could take the whole load and stay below the level at which a paused
-    server resumes (``th_over - hysteresis``). Always, with the paper's rule
-    (``pause_relative`` 0).
+    servers: the others could take the whole load and stay below ``th_over``. Always, with the
+    paper's rule (``pause_relative`` 0).
 
     Pausing moves whole resolvers' clients. Without room, the servers that took them went
-    above the threshold in turn, and servers flipped between paused and resumed hundreds of
-    times an hour at 60-90 % of a pool's capacity, with a worse mean response and balance than
-    never pausing (the simulator; docs/simulation.md)."""
+    above the threshold in turn: at 90 % of a pool's capacity servers flipped between paused
+    and resumed hundreds of times an hour, with a worse mean response and balance than never
+    pausing (the simulator; docs/simulation.md). In a large pool this is the hot pool's rule
+    (:func:`pause_threshold`); in a small one it stops pausing sooner."""
     if policy.pause_relative <= 0:
         return True
-    return unpaused > 1 and pool_load / (unpaused - 1) < policy.th_over - policy.hysteresis
+    return unpaused > 1 and pool_load / (unpaused - 1) < policy.th_over
 
 
 def pause_threshold(policy: PoolPolicy, pool_mean: float | None) -> float:

@@ -135,9 +135,6 @@ def _active_reason(
         else:
             resume = threshold - policy.hysteresis
             by_policy = f"{went}; resumes when both are below {resume:.2f}"
-            if load.changed_at is not None and now - load.changed_at < policy.pause_dwell:
-                left = policy.pause_dwell - (now - load.changed_at)
-                by_policy += f", in {left:.0f} s at the earliest (pause_dwell)"
     if server.record.admin_paused:
         why = f"paused by an operator ({operator or 'no reason given'}) until resumed"
         return f"{why}; the policy pauses it too: {by_policy}" if by_policy else why

@@ -147,10 +147,10 @@ def test_a_warm_pool_pauses_only_a_server_that_stands_out() -> None:
     ("pool_load", "unpaused", "relative", "room"),
     [
         pytest.param(1.0, 4, 1.25, True, id="three-take-one-third-each"),
-        pytest.param(2.0, 4, 1.25, True, id="three-stay-below-the-resume-line"),
-        pytest.param(2.1, 4, 1.25, False, id="three-would-reach-the-resume-line"),
-        pytest.param(2.1, 5, 1.25, True, id="four-take-it"),
-        pytest.param(0.9, 1, 1.25, False, id="the-only-server-serving"),
+        pytest.param(2.3, 4, 1.25, True, id="three-stay-below-th-over"),
+        pytest.param(2.5, 4, 1.25, False, id="three-would-go-above-th-over"),
+        pytest.param(2.5, 5, 1.25, True, id="four-take-it"),
+        pytest.param(0.5, 1, 1.25, False, id="the-only-server-serving"),
         pytest.param(0.0, 0, 1.25, False, id="none-serving"),
         pytest.param(3.0, 4, 0.0, True, id="paper-always"),
     ],
@@ -171,25 +171,23 @@ def test_without_room_a_server_serves_on_and_a_paused_one_resumes_as_usual() -> 
     assert not load.paused
 
 
-def test_a_verdict_stands_for_the_dwell_time() -> None:
+def test_a_resumed_server_serves_the_dwell_time_before_it_pauses_again() -> None:
     policy = dataclasses.replace(POLICY, pause_dwell=30.0)
     load = fold(None, 0.95, at=0.0, policy=policy, pool_mean=0.3)
-    assert load.paused  # the first verdict needs no dwell
-    assert load.changed_at == 0.0
+    assert load.paused  # never resumed: no dwell
     load = fold(load, 0.1, at=1.0, policy=policy, pool_mean=0.3)
-    assert load.paused  # cool, but paused 1 s ago
-    load = fold(load, 0.1, at=29.0, policy=policy, pool_mean=0.3)
-    assert load.paused
-    load = fold(load, 0.1, at=30.0, policy=policy, pool_mean=0.3)
-    assert not load.paused
-    assert load.changed_at == 30.0
-    load = fold(load, 0.95, at=31.0, policy=policy, pool_mean=0.3)
+    assert not load.paused  # a paused server resumes as soon as it is cool
+    assert load.resumed_at == 1.0
+    load = fold(load, 0.95, at=2.0, policy=policy, pool_mean=0.3)
     assert not load.paused  # hot again, but resumed 1 s ago
-    assert load.changed_at == 30.0
-    load = fold(load, 0.95, at=60.0, policy=policy, pool_mean=0.3)
+    load = fold(load, 0.95, at=30.0, policy=policy, pool_mean=0.3)
+    assert not load.paused
+    load = fold(load, 0.95, at=31.0, policy=policy, pool_mean=0.3)
     assert load.paused
-    load = fold(load, 0.95, at=61.0, policy=policy, pool_mean=0.9)
-    assert not load.paused  # a hot pool resumes every server at once, dwell or not
+    assert load.resumed_at == 1.0
+    load = fold(load, 0.95, at=32.0, policy=policy, pool_mean=0.9)
+    assert not load.paused  # a hot pool resumes every server at once
+    assert load.resumed_at == 32.0
 
 
 @pytest.mark.parametrize(
