@@ -16,10 +16,25 @@ progress and capacity of its active servers, plus the capacity still booting) an
   out). One server at a time: the one with the fewest requests in progress (it drains fastest),
   the newest of equals (older cache servers hold warmer caches).
 - Never below ``min_servers`` nor above ``max_servers``.
+
+With ``target_wait`` set, the pool is sized for a waiting-time target instead of the two
+thresholds (:func:`servers_for`): each server is an M/M/c queue of its worker slots (Erlang C),
+offered an equal share of the pool's requests in progress, with the mean service time measured
+from the agents' served counters (Little's law). It scales out when the load projected
+``boot_time`` ahead (the mean over ``window`` and its rate of rise) needs more servers than the
+pool has (booting ones included), as many as it needs; and in, with the same guards as above,
+when one server fewer would still meet the target at a load ``SCALE_IN_HEADROOM`` times the
+mean over ``scale_in_window``; both with the pool's imbalance measured (:func:`imbalance`).
+Each server queues on its own, so the pool's size does not pool waiting: what lets a server run
+hotter than ``th_high`` at the same wait is its number of worker slots and the wait allowed
+against the service time. Until the agents' served counters give a service time, the
+thresholds decide.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +67,17 @@ class ScalingPolicy:
     server_capacity: int | None = setting(
         None, help="max concurrency a new server adds (default: the mean of the active ones)", min=1
     )
+    target_wait: float | None = setting(
+        None,
+        help="size the pool for waiting instead of th_high/th_low: at most 1 - target_quantile "
+        "of requests wait longer than this for a worker slot, seconds, by a queueing model of "
+        "each server (null: the paper's thresholds)",
+        min=0.0,
+        max=3600.0,
+    )
+    target_quantile: float = setting(
+        0.99, help="share of requests that wait less than target_wait", min=0.5, max=0.99999
+    )
 
     def config_problems(self) -> Iterator[str]:
         if self.th_low >= self.th_high:
@@ -71,6 +97,7 @@ class ServerLoadView:
     in_progress: int
     max_concurrency: int
     started_at: float  # when it was launched or configured: newer servers drain first
+    served: int = 0  # requests it served so far (a counter that only grows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +108,10 @@ class PoolSample:
     in_progress: int  # summed over active servers
     capacity: int  # max concurrency summed over active servers
     booting: int  # max concurrency still launching or warming
+    served: int = 0  # requests served so far, summed over the servers (of every state)
+    # Sum over active servers of in_progress x utilization: over in_progress, the utilization
+    # of the server a request in progress is on, on average (the pool's, when it is even).
+    weighted: float = 0.0
 
     @property
     def utilization(self) -> float:
@@ -118,6 +149,12 @@ def sample_pool(servers: Sequence[ServerLoadView], at: float) -> PoolSample:
         in_progress=sum(server.in_progress for server in active),
         capacity=sum(server.max_concurrency for server in active),
         booting=sum(server.max_concurrency for server in servers if not server.active),
+        served=sum(server.served for server in servers),
+        weighted=sum(
+            server.in_progress * server.in_progress / server.max_concurrency
+            for server in active
+            if server.max_concurrency > 0
+        ),
     )
 
 
@@ -164,6 +201,10 @@ def decide(
         return Decision()
     current = history.samples[-1]
     unit = policy.server_capacity or max(1, round(current.capacity / len(active)))
+    if policy.target_wait is not None:
+        decision = _decide_for_target(history, active, policy, now, count=count, unit=unit)
+        if decision is not None:
+            return decision
 
     recent = _window(history, now, policy.window)
     mean = _mean_utilization(recent)
@@ -211,6 +252,164 @@ def decide(
                 ),
             )
     return Decision()
+
+
+SCALE_IN_HEADROOM = 1.25  # a scale-in leaves room for this much more load than the recent mean
+
+
+def _decide_for_target(
+    history: ScalingHistory,
+    active: Sequence[ServerLoadView],
+    policy: ScalingPolicy,
+    now: float,
+    *,
+    count: int,
+    unit: int,
+) -> Decision | None:
+    """:func:`decide` for a waiting-time target (``policy.target_wait`` set); None while the
+    service time is unknown (nothing served in ``scale_in_window``: agents that do not report
+    a served counter), and the thresholds decide."""
+    assert policy.target_wait is not None
+    late_goal = 1.0 - policy.target_quantile
+    long = _window(history, now, policy.scale_in_window)
+    if _service_time(long) is None:
+        return None
+    recent = _window(history, now, policy.window)
+    service = _service_time(recent)
+    if (
+        service is not None
+        and count < policy.max_servers
+        and _covers(history.samples, now, policy.window)
+    ):
+        demand = sum(sample.in_progress for sample in recent) / len(recent)
+        uneven = imbalance(recent)
+        projected = demand + _rise_rate(recent) * policy.boot_time
+        needed = servers_for(projected, unit, service, policy, uneven)
+        if needed > count:
+            launch = min(needed - count, policy.max_step, policy.max_servers - count)
+            late = late_share(unit, demand * uneven / count, policy.target_wait, service)
+            return Decision(
+                launch=launch,
+                reason=(
+                    f"{late:.1%} of requests would wait over {policy.target_wait:g} s (target "
+                    f"{late_goal:.1%}) with {demand:.0f} in progress over {policy.window:g} s "
+                    f"on {count} servers of {unit} slots (service {service:.3g} s, imbalance "
+                    f"{uneven:.2f}); {needed} needed for {projected:.0f} expected in "
+                    f"{policy.boot_time:g} s"
+                ),
+            )
+
+    service = _service_time(long)
+    if (
+        service is not None
+        and count == len(active)
+        and count > policy.min_servers
+        and len(active) > 1
+        and _covers(history.samples, now, policy.scale_in_window)
+        and now - max(history.last_scale_in, history.last_scale_out) >= policy.scale_in_window
+    ):
+        demand = sum(sample.in_progress for sample in long) / len(long)
+        uneven = imbalance(long)
+        if servers_for(demand * SCALE_IN_HEADROOM, unit, service, policy, uneven) < count:
+            victim = min(
+                active, key=lambda server: (server.in_progress, -server.started_at, server.id)
+            )
+            load = demand * SCALE_IN_HEADROOM * uneven / (count - 1)
+            late = late_share(unit, load, policy.target_wait, service)
+            return Decision(
+                drain=victim.id,
+                reason=(
+                    f"{count - 1} servers would meet the target ({late:.2%} of requests waiting "
+                    f"over {policy.target_wait:g} s) with {SCALE_IN_HEADROOM:g} x the "
+                    f"{demand:.0f} in progress over {policy.scale_in_window:g} s. Chose "
+                    f"{victim.id}: fewest requests in progress ({victim.in_progress}), so it "
+                    "drains fastest"
+                ),
+            )
+    return Decision()
+
+
+def _service_time(samples: Sequence[PoolSample]) -> float | None:
+    """The mean service time over ``samples`` (Little's law): requests in service (at most the
+    worker slots) over requests served per second; None when nothing was served. A counter
+    that went back (a server left the pool) counts as nothing served in that interval."""
+    if len(samples) < 2:
+        return None
+    served = sum(max(0, b.served - a.served) for a, b in itertools.pairwise(samples))
+    elapsed = samples[-1].at - samples[0].at
+    if served <= 0 or elapsed <= 0:
+        return None
+    busy = sum(min(sample.in_progress, sample.capacity) for sample in samples[1:])
+    return max(1e-6, busy / (len(samples) - 1) / (served / elapsed))
+
+
+def imbalance(samples: Sequence[PoolSample]) -> float:
+    """How much more loaded than the pool's mean the server of a request in progress is: 1 in
+    an even pool (at most 4); per sample, averaged over ``samples`` by their requests in
+    progress (a pool that grew within them is not uneven). Servers that DNS loads unevenly make
+    requests wait at a lower mean utilization; sizing the pool for an even one would run its
+    busiest servers past the target."""
+    total = 0.0
+    in_progress = 0
+    for sample in samples:
+        if sample.in_progress > 0 and sample.capacity > 0:
+            mean = sample.in_progress / sample.capacity
+            total += sample.weighted / mean  # in_progress x (weighted / in_progress) / mean
+            in_progress += sample.in_progress
+    if in_progress <= 0:
+        return 1.0
+    return min(4.0, max(1.0, total / in_progress))
+
+
+def erlang_c(slots: int, load: float) -> float:
+    """The probability that a request waits for one of ``slots`` worker slots offered ``load``
+    Erlangs (M/M/c); 1 at or past capacity. Erlang B by its stable recursion, then C."""
+    if load <= 0:
+        return 0.0
+    if load >= slots:
+        return 1.0
+    blocking = 1.0
+    for k in range(1, slots + 1):
+        blocking = load * blocking / (k + load * blocking)
+    return slots * blocking / (slots - load * (1.0 - blocking))
+
+
+def late_share(slots: int, load: float, wait: float, service: float) -> float:
+    """The share of requests that wait longer than ``wait`` seconds at a server of ``slots``
+    worker slots offered ``load`` Erlangs with a mean service time of ``service`` seconds."""
+    if load >= slots:
+        return 1.0
+    return erlang_c(slots, load) * math.exp(-(slots - load) * wait / service)
+
+
+def servers_for(
+    demand: float, unit: int, service: float, policy: ScalingPolicy, imbalance: float = 1.0
+) -> int:
+    """The fewest servers of ``unit`` worker slots that meet ``policy``'s waiting target with
+    ``demand`` requests in progress shared among them, each request on a server ``imbalance``
+    times as loaded as the mean (:func:`imbalance`); at least one, at most a million."""
+    assert policy.target_wait is not None
+    goal = 1.0 - policy.target_quantile
+    load = demand * imbalance
+
+    def meets(servers: int) -> bool:
+        return late_share(unit, load / servers, policy.target_wait or 0.0, service) <= goal
+
+    low = max(1, math.floor(load / unit))  # below it every server is past capacity
+    if meets(low):
+        return low
+    high = low
+    while not meets(high):
+        if high >= 1_000_000:
+            return high
+        low, high = high, min(1_000_000, high * 2)
+    while high - low > 1:  # meets(high), not meets(low)
+        middle = (low + high) // 2
+        if meets(middle):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _covers(samples: Sequence[PoolSample], now: float, seconds: float) -> bool:

@@ -182,6 +182,7 @@ class PoolLifecycle:
                 in_progress=(report.in_progress or 0) if report is not None else 0,
                 max_concurrency=capacity,
                 started_at=server.record.created_at,
+                served=server.served,
             )
 
     def scaling_capacity(self) -> int:

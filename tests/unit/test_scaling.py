@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 
 import pytest
@@ -12,12 +13,17 @@ from dnslb.config import parse_config
 from dnslb.errors import ConfigError
 from dnslb.scaling import (
     Decision,
+    PoolSample,
     ScalingHistory,
     ScalingPolicy,
     ServerLoadView,
     decide,
+    erlang_c,
+    imbalance,
+    late_share,
     record,
     sample_pool,
+    servers_for,
 )
 
 POLICY = ScalingPolicy(
@@ -40,10 +46,16 @@ class Pool:
     """
 
     def __init__(
-        self, servers: int = 2, policy: ScalingPolicy = POLICY, boot: float = 30.0
+        self,
+        servers: int = 2,
+        policy: ScalingPolicy = POLICY,
+        boot: float = 30.0,
+        service: float | None = None,
     ) -> None:
         self.policy = policy
         self.boot = boot
+        self.service = service  # mean service time: the agents count what they served
+        self.served: dict[str, float] = {}
         self.now = 0.0
         self.history = ScalingHistory()
         self.servers: dict[str, tuple[bool, float]] = {}  # id -> (active, started_at)
@@ -71,13 +83,19 @@ class Pool:
                     del self.booting[server_id]
             active = [s for s, (a, _) in self.servers.items() if a]
             load = demand(self.now)
+            share = round(load / len(active)) if active else 0
+            for server_id in active:
+                if self.service is not None:  # served in a second: busy slots / service time
+                    served = self.served.get(server_id, 0.0)
+                    self.served[server_id] = served + min(share, 100) / self.service
             views = [
                 ServerLoadView(
                     id=server_id,
                     active=is_active,
-                    in_progress=round(load / len(active)) if is_active and active else 0,
+                    in_progress=share if is_active else 0,
                     max_concurrency=100,
                     started_at=started_at,
+                    served=int(self.served.get(server_id, 0.0)),
                 )
                 for server_id, (is_active, started_at) in self.servers.items()
             ]
@@ -242,3 +260,96 @@ def test_a_window_a_few_ticks_long_still_fills() -> None:
         if decide(history, views, policy, now).launch:
             launched_at = now
     assert launched_at is not None and launched_at <= 4.0  # the first sample was at 0.5 s
+
+
+# -- a waiting-time target ---------------------------------------------------------------------
+
+TARGET = dataclasses.replace(POLICY, max_servers=10, target_wait=0.5, target_quantile=0.99)
+
+
+@pytest.mark.parametrize(
+    ("slots", "load", "waits"),
+    [
+        pytest.param(1, 0.5, 0.5, id="mm1-rho"),
+        pytest.param(2, 1.0, 1 / 3, id="mm2-textbook"),
+        pytest.param(5, 0.0, 0.0, id="idle"),
+        pytest.param(5, 5.0, 1.0, id="at-capacity"),
+        pytest.param(5, 9.0, 1.0, id="past-capacity"),
+    ],
+)
+def test_erlang_c(slots: int, load: float, waits: float) -> None:
+    assert erlang_c(slots, load) == pytest.approx(waits)
+
+
+def test_late_share_is_the_mm1_tail() -> None:
+    # M/M/1 with rho 0.5, service 1 s: P(wait > t) = rho exp(-(mu - lambda) t)
+    assert late_share(1, 0.5, 1.0, 1.0) == pytest.approx(0.5 * math.exp(-0.5))
+    assert late_share(1, 0.5, 0.0, 1.0) == pytest.approx(0.5)
+    assert late_share(100, 100.0, 10.0, 0.5) == 1.0
+
+
+def test_servers_for_is_the_fewest_that_meet_the_target() -> None:
+    for demand in (0.0, 1.0, 75.0, 300.0, 2_345.0):
+        for uneven in (1.0, 1.3):
+            needed = servers_for(demand, 100, 0.5, TARGET, uneven)
+            load = demand * uneven
+            assert late_share(100, load / needed, 0.5, 0.5) <= 0.01
+            if needed > 1:
+                assert late_share(100, load / (needed - 1), 0.5, 0.5) > 0.01
+    # 100 slots, a wait of one service time allowed: a server runs at 0.9, not th_high 0.7
+    assert servers_for(900.0, 100, 0.5, TARGET) == 10
+
+
+def test_imbalance_is_how_much_busier_the_server_of_a_request_is() -> None:
+    even = sample_pool(
+        [ServerLoadView(f"s{i}", True, 50, 100, started_at=0.0) for i in range(4)], at=0.0
+    )
+    assert imbalance([even]) == pytest.approx(1.0)
+    lumpy = sample_pool(
+        [
+            ServerLoadView("s1", True, 90, 100, started_at=0.0),
+            ServerLoadView("s2", True, 10, 100, started_at=0.0),
+        ],
+        at=0.0,
+    )
+    # requests see 0.9 (90 of them) or 0.1 (10): 0.82 on average, against the mean 0.5
+    assert imbalance([lumpy]) == pytest.approx(0.82 / 0.5)
+    assert imbalance([PoolSample(at=0.0, in_progress=0, capacity=100, booting=0)]) == 1.0
+    grown = sample_pool(
+        [ServerLoadView(f"s{i}", True, 90, 100, started_at=0.0) for i in range(4)], at=1.0
+    )
+    shrunk = sample_pool(
+        [ServerLoadView(f"s{i}", True, 180, 100, started_at=0.0) for i in range(2)], at=0.0
+    )
+    assert imbalance([shrunk, grown]) == pytest.approx(1.0)  # even in each sample
+    assert imbalance([lumpy, even]) == pytest.approx((100 * 0.82 / 0.5 + 200) / 300)
+
+
+def test_a_target_runs_the_pool_hotter_than_th_high_and_holds_it() -> None:
+    pool = Pool(servers=2, policy=TARGET, service=0.5)
+    pool.run(300, lambda t: 360)  # 3.6 servers' worth of slots busy
+    # thresholds would run 6 (0.6 each); the target runs 4 at 0.9: waits beyond 0.5 s < 1 %
+    assert pool.size == servers_for(360, 100, 0.5, TARGET) == 4
+    assert pool.launches() == 2
+    [(_, decision), *_] = pool.decisions
+    assert "would wait over 0.5 s (target 1.0%)" in decision.reason
+    assert "service 0.5 s" in decision.reason
+    thresholds = Pool(servers=2, service=0.5)
+    thresholds.run(300, lambda t: 360)
+    assert thresholds.size == 6
+
+
+def test_a_target_scales_in_while_one_fewer_still_meets_it_with_headroom() -> None:
+    pool = Pool(servers=6, policy=TARGET, service=0.5)
+    pool.run(600, lambda t: 150)
+    # 1.25 x 150 needs 2 servers of 100 slots (0.94 each: 0.08 % wait over 0.5 s), not 1
+    assert pool.size == 2
+    assert len(pool.drains()) == 4
+    assert all("would meet the target" in d.reason for _, d in pool.decisions)
+
+
+def test_without_served_counters_the_thresholds_decide() -> None:
+    pool = Pool(servers=2, policy=TARGET)  # agents that report no served_total
+    pool.run(300, lambda t: 360)
+    assert pool.size == 6  # th_high 0.7
+    assert all("th_high" in d.reason for _, d in pool.decisions)
