@@ -31,7 +31,12 @@ SUITES: dict[str, tuple[str, ...]] = {
         "paper-table3.yaml",
         "paper-table4.yaml",
     ),
-    "goals": ("goals-round-robin.yaml", "goals-fixed-ttl.yaml", "step-load.yaml"),
+    "goals": (
+        "goals-round-robin.yaml",
+        "goals-fixed-ttl.yaml",
+        "goals-flash-crowd.yaml",
+        "step-load.yaml",
+    ),
     "scenarios": ("step-load.yaml", "flash-crowd.yaml", "failure.yaml", "plain-round-robin.yaml"),
     "faults": ("faults.yaml",),
 }
