@@ -33,9 +33,11 @@ thresholds decide.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dnslb.config import setting
@@ -108,10 +110,13 @@ class PoolSample:
     in_progress: int  # summed over active servers
     capacity: int  # max concurrency summed over active servers
     booting: int  # max concurrency still launching or warming
-    served: int = 0  # requests served so far, summed over the servers (of every state)
+    served: int = 0  # requests served so far, as :func:`sample_pool` counts them
     # Sum over active servers of in_progress x utilization: over in_progress, the utilization
     # of the server a request in progress is on, on average (the pool's, when it is even).
     weighted: float = 0.0
+    # Each server's served counter at this sample (the newest sample's only: the next one counts
+    # from them, and the history drops them from older samples).
+    counters: Mapping[str, int] | None = None
 
     @property
     def utilization(self) -> float:
@@ -127,6 +132,8 @@ class ScalingHistory:
     last_scale_in: float = float("-inf")
 
     def add(self, sample: PoolSample, keep: float) -> None:
+        if self.samples and self.samples[-1].counters is not None:
+            self.samples[-1] = dataclasses.replace(self.samples[-1], counters=None)
         self.samples.append(sample)
         cutoff = sample.at - keep
         while self.samples and self.samples[0].at < cutoff:
@@ -142,20 +149,51 @@ class Decision:
     reason: str = ""
 
 
-def sample_pool(servers: Sequence[ServerLoadView], at: float) -> PoolSample:
+def sample_pool(
+    servers: Sequence[ServerLoadView], at: float, previous: PoolSample | None = None
+) -> PoolSample:
+    """The pool at ``at``; ``previous`` (the history's newest sample) to count the requests
+    served since (:func:`served_between`)."""
     active = [server for server in servers if server.active]
+    served = 0
+    if previous is not None and previous.counters is not None:
+        served = previous.served + served_between(previous.counters, servers)
     return PoolSample(
         at=at,
         in_progress=sum(server.in_progress for server in active),
         capacity=sum(server.max_concurrency for server in active),
         booting=sum(server.max_concurrency for server in servers if not server.active),
-        served=sum(server.served for server in servers),
+        served=served,
         weighted=sum(
             server.in_progress * server.in_progress / server.max_concurrency
             for server in active
             if server.max_concurrency > 0
         ),
+        counters={server.id: server.served for server in servers},
     )
+
+
+SERVED_SPREAD = 4.0  # no server counts as serving more per busy slot than this x the median
+
+
+def served_between(before: Mapping[str, int], servers: Sequence[ServerLoadView]) -> int:
+    """The requests ``servers`` served since their counters were ``before``: a counter that is
+    new or went back counts nothing, and no server counts more requests per busy worker slot
+    than ``SERVED_SPREAD`` times the median of the servers that were busy. A server's agent
+    holds a token and may lie: an inflated counter would make the service time look short and
+    the pool too small for everyone (:func:`_service_time`); capped, it moves the pool's figure
+    by at most its share."""
+    deltas: list[tuple[int, int]] = []  # (served since, busy slots now)
+    for server in servers:
+        was = before.get(server.id)
+        if was is not None and server.served >= was:
+            busy = max(0, min(server.in_progress, server.max_concurrency))
+            deltas.append((server.served - was, busy))
+    rates = [served / busy for served, busy in deltas if busy > 0]
+    if not rates:
+        return sum(served for served, _ in deltas)
+    cap = SERVED_SPREAD * statistics.median_low(rates)
+    return sum(min(served, math.ceil(cap * max(1, busy))) for served, busy in deltas)
 
 
 def _window(history: ScalingHistory, now: float, seconds: float) -> list[PoolSample]:

@@ -150,8 +150,10 @@ class PoolLifecycle:
         if self.scaling is None or not self.provider.can_launch or not self._looked(now):
             return Decision()
         views = list(self._views())
+        previous = self.history.samples[-1] if self.history.samples else None
         self.history.add(
-            sample_pool(views, now), keep=max(self.scaling.window, self.scaling.scale_in_window)
+            sample_pool(views, now, previous),
+            keep=max(self.scaling.window, self.scaling.scale_in_window),
         )
         decision = decide(self.history, views, self.scaling, now)
         if decision.launch and now < self.launch_paused_until:

@@ -23,6 +23,7 @@ from dnslb.scaling import (
     late_share,
     record,
     sample_pool,
+    served_between,
     servers_for,
 )
 
@@ -99,7 +100,10 @@ class Pool:
                 )
                 for server_id, (is_active, started_at) in self.servers.items()
             ]
-            self.history.add(sample_pool(views, self.now), keep=self.policy.scale_in_window)
+            previous = self.history.samples[-1] if self.history.samples else None
+            self.history.add(
+                sample_pool(views, self.now, previous), keep=self.policy.scale_in_window
+            )
             decision = decide(self.history, views, self.policy, self.now)
             if decision.launch or decision.drain:
                 self.decisions.append((self.now, decision))
@@ -353,3 +357,38 @@ def test_without_served_counters_the_thresholds_decide() -> None:
     pool.run(300, lambda t: 360)
     assert pool.size == 6  # th_high 0.7
     assert all("th_high" in d.reason for _, d in pool.decisions)
+
+
+def test_a_server_that_inflates_its_served_counter_counts_as_a_busy_one_at_most() -> None:
+    def views(served: dict[str, int]) -> list[ServerLoadView]:
+        return [
+            ServerLoadView(id, True, in_progress=50, max_concurrency=100, started_at=0.0, served=n)
+            for id, n in served.items()
+        ]
+
+    before = {"s1": 1000, "s2": 1000, "s3": 1000, "liar": 1000}
+    honest = {"s1": 1100, "s2": 1090, "s3": 1110}
+    assert served_between(before, views({**honest, "liar": 1100})) == 400
+    # 10 million claimed: counted as 4 x the median's 2 per busy slot, 50 slots busy
+    assert served_between(before, views({**honest, "liar": 10_000_000})) == 300 + 400
+    # a counter that went back (an agent restarted) or a new server counts nothing
+    assert served_between(before, views({**honest, "liar": 5, "new": 9_999})) == 300
+    idle = [ServerLoadView("s1", True, 0, 100, started_at=0.0, served=1_003)]
+    assert served_between(before, idle) == 3  # nobody busy: nothing to compare with
+
+
+def test_a_lying_agent_does_not_shrink_the_pool() -> None:
+    # 5 s of service: 360 requests in progress need 5 servers for waits over 0.5 s below 1 %;
+    # with a service time near 0 (what an inflated counter would make of it), 4 would do
+    assert servers_for(360, 100, 5.0, TARGET) == 5
+    assert servers_for(360, 100, 0.001, TARGET) == 4
+
+    class Lying(Pool):
+        def run(self, seconds: float, demand: Callable[[float], float]) -> None:
+            for _ in range(int(seconds)):
+                super().run(1, demand)
+                self.served["s1"] = self.served.get("s1", 0.0) + 1_000_000
+
+    for pool in (Pool(servers=5, policy=TARGET, service=5.0), Lying(5, TARGET, service=5.0)):
+        pool.run(300, lambda t: 360)
+        assert pool.size == 5
