@@ -468,7 +468,7 @@ def test_events_are_filtered_and_paginated(tmp_path: Path) -> None:
         await lab.step(load=10, seconds=2)
         for _ in range(3):
             await lab.step(load=lambda server: 95 if server == "s1" else 10)  # s1 paused
-            await lab.step(load=10)  # and resumed
+            await lab.step(load=10, seconds=30)  # and resumed, for pause_dwell (30 s) at least
         every = lab.control.events(limit=1000)
         async with lab.client(READ) as api:
             seen: list[int] = []

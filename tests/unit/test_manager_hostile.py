@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dnslb.plan import MemberState, parse_plan_json
+from dnslb.plan import parse_plan_json
 from manager.ingest import Rejected
 from manager.service import Manager
 from tests.unit.test_manager import S3_TOKEN, TOKEN, Lab
@@ -114,7 +114,8 @@ def test_one_server_failing_its_assessment_costs_only_itself(
     assert lab.manager.tick_errors == 0
     assert lab.manager.part_errors["server"] == 3
     assert lab.manager.version > before  # the other servers' changes are published
-    assert lab.members()["s1"][0] is MemberState.PAUSED
+    assert lab.members()["s1"][2] == 5  # the TTL floor: s1 is above th_over
+    assert lab.members()["s2"][2] == 60  # its last assessed load (10 %)
 
 
 def test_a_member_a_backend_would_refuse_is_left_out_alone(lab: Lab) -> None:
