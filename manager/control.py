@@ -156,6 +156,7 @@ class Control:
             left_out=self.manager.members_left_out.get(server.id),
             operator_reason=self._operator_reasons([server]).get(server.id),
             pool_mean=pool.mean_utilization,
+            pool_room=pool.pause_room,
         )
 
     def _pool_view(self, pool: PoolRuntime) -> PoolView:

@@ -60,13 +60,15 @@ def server_reason(
     left_out: str | None = None,
     operator_reason: str | None = None,
     pool_mean: float | None = None,
+    pool_room: bool = True,
 ) -> str:
     """Why a server is or is not in the published plan's answers, in one sentence.
 
     ``member`` is its member in the published plan (None: not in it), ``shares`` its place in
     the plan's rotation (None: in no answer), ``now`` monotonic seconds, ``left_out`` why the
     planner left it out of plans (bad data), ``operator_reason`` the reason an operator gave
-    for a pause, ``pool_mean`` its pool's mean utilization (the pause threshold follows it).
+    for a pause, ``pool_mean`` its pool's mean utilization (the pause threshold follows it),
+    ``pool_room`` whether its pool had room to pause one more server at the last tick.
     """
     answered = shares is not None and shares.seen > 0
     if server is None:
@@ -104,11 +106,51 @@ def server_reason(
         if not answered:
             return f"in the plan with weight {member.weight:g}, in no answer (others outweigh it)"
         assert shares is not None
-        return (
+        why = (
             f"answered: weight {member.weight:g}, TTL {member.ttl} s; first in "
             f"{shares.first:.0%} and in {shares.seen:.0%} of the answers"
         )
+        held = _serving_on(server, policy, pool_mean=pool_mean, room=pool_room, now=now)
+        return f"{why}; {held}" if held else why
     return _fallback(unanswered, answered, fallback)
+
+
+def _serving_on(
+    server: ServerRuntime,
+    policy: PoolPolicy | None,
+    *,
+    pool_mean: float | None,
+    room: bool,
+    now: float,
+) -> str | None:
+    """Why a server above the utilization at which it would pause is not paused (None when it
+    is not above it, or will pause at the next tick)."""
+    load = server.load
+    if policy is None or load is None or server.paused or not policy.pause:
+        return None
+    try:
+        level = float(max(load.sample, load.utilization))
+    except (OverflowError, TypeError, ValueError):  # a view never fails on an odd figure
+        return None
+    if not math.isfinite(level):
+        return None
+    threshold = pause_threshold(policy, pool_mean)
+    if math.isinf(threshold):
+        if level <= policy.th_over or pool_mean is None:
+            return None
+        return (
+            f"above th_over ({level:.2f}), not paused: the pool's mean utilization "
+            f"{pool_mean:.2f} is at th_over, and the autoscaler carries a hot pool"
+        )
+    if level <= threshold:
+        return None
+    above = f"above its pause threshold ({level:.2f} > {threshold:.2f}), not paused"
+    if not room:
+        return f"{above}: the pool's other servers have no room for its clients"
+    resumed = load.resumed_at
+    if resumed is not None and now - resumed < policy.pause_dwell:
+        return f"{above}: resumed {now - resumed:.0f} s ago (pause_dwell {policy.pause_dwell:g} s)"
+    return None
 
 
 def _active_reason(
@@ -190,6 +232,7 @@ def explain_pool(
             left_out=left_out.get(server_id),
             operator_reason=operator_reasons.get(server_id),
             pool_mean=pool.mean_utilization,
+            pool_room=pool.pause_room,
         )
         load = server.load if server is not None else None
         explained.append(

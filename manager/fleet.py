@@ -84,6 +84,9 @@ class PoolRuntime:
     # the pause threshold is relative to it (dnslb.policy.pause_threshold).
     mean_utilization: float | None = None
     serving: int = 0  # how many those are
+    # Whether one more of its servers could pause after the last tick's verdicts
+    # (dnslb.policy.pause_room): the explain view says why a hot server serves on.
+    pause_room: bool = True
 
     @property
     def name(self) -> str:

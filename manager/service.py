@@ -721,6 +721,7 @@ class Manager:
                 if server.state is ServerState.ACTIVE and load is not None:
                     self._log_pause(pool, server, load, threshold, wall)
                 server.paused = paused
+        pool.pause_room = pause_room(policy, pool_load, unpaused)
 
     def _log_pause(
         self,

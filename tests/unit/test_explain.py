@@ -111,3 +111,26 @@ def test_a_stale_plan_answers_with_the_ttl_floor(tmp_path: Path) -> None:
     found = lab.control.explain("www")
     assert found.stale and found.plan_age == plan.age(lab.clock.time()) > plan.stale_after
     assert [answer.ttl for answer in found.answers] == [5]
+
+
+def test_a_hot_server_that_serves_on_says_why(tmp_path: Path) -> None:
+    lab = Lab(tmp_path)
+    lab.step(seconds=2)
+    lab.step(lambda s: 95 if s == "s3" else 60)  # s1 and s2 would have to take 2.15
+    assert reasons(lab)["s3"].endswith(
+        "; above its pause threshold (0.95 > 0.90), not paused: the pool's other servers have "
+        "no room for its clients"
+    )
+    lab.step(lambda s: 95 if s == "s3" else 10)  # they could take 1.15: it pauses
+    lab.step(10)  # and resumes
+    lab.step(lambda s: 95 if s == "s3" else 10)
+    assert reasons(lab)["s3"].endswith(
+        "; above its pause threshold (0.95 > 0.80), not paused: resumed 1 s ago (pause_dwell 30 s)"
+    )
+    lab.step(90)
+    assert reasons(lab)["s1"].endswith(
+        "; above th_over (0.90), not paused: the pool's mean utilization 0.90 is at th_over, and "
+        "the autoscaler carries a hot pool"
+    )
+    lab.step(10)
+    assert all(why.startswith("answered") and "paused" not in why for why in reasons(lab).values())
