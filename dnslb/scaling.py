@@ -150,13 +150,17 @@ class Decision:
 
 
 def sample_pool(
-    servers: Sequence[ServerLoadView], at: float, previous: PoolSample | None = None
+    servers: Sequence[ServerLoadView],
+    at: float,
+    previous: PoolSample | None = None,
+    *,
+    count_served: bool = False,
 ) -> PoolSample:
-    """The pool at ``at``; ``previous`` (the history's newest sample) to count the requests
-    served since (:func:`served_between`)."""
+    """The pool at ``at``; with ``count_served`` (a waiting-time target needs it), the requests
+    served since ``previous`` (the history's newest sample) too (:func:`served_between`)."""
     active = [server for server in servers if server.active]
     served = 0
-    if previous is not None and previous.counters is not None:
+    if count_served and previous is not None and previous.counters is not None:
         served = previous.served + served_between(previous.counters, servers)
     return PoolSample(
         at=at,
@@ -169,7 +173,7 @@ def sample_pool(
             for server in active
             if server.max_concurrency > 0
         ),
-        counters={server.id: server.served for server in servers},
+        counters={server.id: server.served for server in servers} if count_served else None,
     )
 
 
@@ -310,7 +314,8 @@ def _decide_for_target(
     assert policy.target_wait is not None
     late_goal = 1.0 - policy.target_quantile
     long = _window(history, now, policy.scale_in_window)
-    if _service_time(long) is None:
+    long_service = _service_time(long)
+    if long_service is None:
         return None
     recent = _window(history, now, policy.window)
     service = _service_time(recent)
@@ -337,10 +342,9 @@ def _decide_for_target(
                 ),
             )
 
-    service = _service_time(long)
+    service = long_service
     if (
-        service is not None
-        and count == len(active)
+        count == len(active)
         and count > policy.min_servers
         and len(active) > 1
         and _covers(history.samples, now, policy.scale_in_window)
@@ -412,9 +416,18 @@ def erlang_c(slots: int, load: float) -> float:
     return slots * blocking / (slots - load * (1.0 - blocking))
 
 
+MODEL_SLOTS = 1024  # larger servers are modelled as this many slots at the same utilization
+
+
 def late_share(slots: int, load: float, wait: float, service: float) -> float:
     """The share of requests that wait longer than ``wait`` seconds at a server of ``slots``
-    worker slots offered ``load`` Erlangs with a mean service time of ``service`` seconds."""
+    worker slots offered ``load`` Erlangs with a mean service time of ``service`` seconds.
+
+    Erlang C takes time in the number of slots, which an agent reports (up to a billion): a
+    server of more than ``MODEL_SLOTS`` is modelled as ``MODEL_SLOTS`` at its utilization, which
+    makes it wait a little longer than it would (more servers, never a stalled tick)."""
+    if slots > MODEL_SLOTS:
+        load, slots = load * MODEL_SLOTS / slots, MODEL_SLOTS
     if load >= slots:
         return 1.0
     return erlang_c(slots, load) * math.exp(-(slots - load) * wait / service)

@@ -152,7 +152,7 @@ class PoolLifecycle:
         views = list(self._views())
         previous = self.history.samples[-1] if self.history.samples else None
         self.history.add(
-            sample_pool(views, now, previous),
+            sample_pool(views, now, previous, count_served=self.scaling.target_wait is not None),
             keep=max(self.scaling.window, self.scaling.scale_in_window),
         )
         decision = decide(self.history, views, self.scaling, now)

@@ -102,7 +102,8 @@ class Pool:
             ]
             previous = self.history.samples[-1] if self.history.samples else None
             self.history.add(
-                sample_pool(views, self.now, previous), keep=self.policy.scale_in_window
+                sample_pool(views, self.now, previous, count_served=True),
+                keep=self.policy.scale_in_window,
             )
             decision = decide(self.history, views, self.policy, self.now)
             if decision.launch or decision.drain:
@@ -290,6 +291,13 @@ def test_late_share_is_the_mm1_tail() -> None:
     assert late_share(1, 0.5, 1.0, 1.0) == pytest.approx(0.5 * math.exp(-0.5))
     assert late_share(1, 0.5, 0.0, 1.0) == pytest.approx(0.5)
     assert late_share(100, 100.0, 10.0, 0.5) == 1.0
+
+
+def test_a_server_of_a_billion_slots_is_modelled_as_a_bounded_one() -> None:
+    # an agent may report max_concurrency up to a billion: Erlang C over that many slots would
+    # stall the tick; it is modelled as 1,024 slots at the same utilization
+    assert late_share(10**9, 0.9e9, 0.5, 0.5) == late_share(1024, 0.9 * 1024, 0.5, 0.5)
+    assert servers_for(3e9, 10**9, 0.5, TARGET) == servers_for(3 * 1024, 1024, 0.5, TARGET)
 
 
 def test_servers_for_is_the_fewest_that_meet_the_target() -> None:
