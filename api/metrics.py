@@ -7,7 +7,8 @@ Prometheus expects of counters.
 
 Per pool and location (labels ``pool``, ``location``): the mean utilization of the location's
 reporting servers. Per server (labels ``pool``, ``server``): utilization, in-progress requests,
-weight, TTL, the intended share of answers (weight / sum of weights in its pool), paused (policy /
+weight, TTL, the intended share of answers (weight / sum of weights in its pool), the delivered
+share of its pool's load (requests in progress), the share correction's factor, paused (policy /
 operator), state (one series per state, 1 for the current one), report age, cost, requests served,
 and answers counted by the pipe backends when the manager has them (those it was in, and those it
 came first in). Per pool: servers by state, members of the published plan by state, servers left out
@@ -25,7 +26,6 @@ carries), and a label with a lone surrogate has it replaced by U+FFFD.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -68,6 +68,16 @@ class ControlCollector:
             "weight / sum of the weights in its pool: the share of answers intended for it",
             labels=_SERVER,
         )
+        delivered = GaugeMetricFamily(
+            "dnslb_server_delivered_share",
+            "smoothed requests in progress / its pool's active servers': the share it carries",
+            labels=_SERVER,
+        )
+        correction = GaugeMetricFamily(
+            "dnslb_server_share_correction",
+            "the factor the share correction puts on its weight (pools that correct shares)",
+            labels=_SERVER,
+        )
         paused = GaugeMetricFamily("dnslb_server_paused", "1 when paused", labels=[*_SERVER, "by"])
         state = GaugeMetricFamily(
             "dnslb_server_state", "1 for the server's current state", labels=[*_SERVER, "state"]
@@ -98,24 +108,19 @@ class ControlCollector:
             "mean smoothed utilization of a location's reporting servers (docs/topology.md)",
             labels=["pool", "location"],
         )
-        weights: dict[str, float] = defaultdict(float)
-        for server in servers:
-            if server.weight is not None:
-                weights[server.pool] += sample(server.weight)
         for server in servers:
             labels = [server.pool, server.id]
-            if server.utilization is not None:
-                utilization.add_metric(labels, server.utilization)
-            if server.in_progress is not None:
-                in_progress.add_metric(labels, server.in_progress)
-            if server.weight is not None:
-                weight.add_metric(labels, server.weight)
-                total = weights[server.pool]
-                mine = sample(server.weight)
-                fits = total > 0 and math.isfinite(total) and math.isfinite(mine)
-                share.add_metric(labels, mine / total if fits else math.nan)
-            if server.ttl is not None:
-                ttl.add_metric(labels, server.ttl)
+            for family, figure in (
+                (utilization, server.utilization),
+                (in_progress, server.in_progress),
+                (weight, server.weight),
+                (share, server.intended_share),
+                (delivered, server.delivered_share),
+                (correction, server.share_correction),
+                (ttl, server.ttl),
+            ):
+                if figure is not None:  # not known, or not answered
+                    family.add_metric(labels, figure)
             paused.add_metric([*labels, "policy"], 1.0 if server.paused else 0.0)
             paused.add_metric([*labels, "operator"], 1.0 if server.admin_paused else 0.0)
             for each in ServerState:
@@ -131,7 +136,8 @@ class ControlCollector:
         for load in location_loads(servers):
             if load.utilization is not None:
                 location_load.add_metric([load.pool, load.location], load.utilization)
-        yield from (utilization, in_progress, weight, ttl, share, paused, state, report_age)
+        yield from (utilization, in_progress, weight, ttl, share, delivered, correction, paused)
+        yield from (state, report_age)
         yield from (cost, served, answers, first_answers, location_load)
 
     def _pools(self, telemetry: Telemetry) -> Iterable[Metric]:

@@ -166,6 +166,17 @@ class ServerOut(BaseModel):
     answers: MaybeCount = Field(description="DNS answers that held it; null: not counted")
     why: Text = Field(description="why it is or is not in the published plan's answers")
     location: MaybeText = Field(None, description="its region or site; null: none")
+    intended_share: MaybeReal = Field(
+        None, description="its weight over its pool's in the plan: the share of answers for it"
+    )
+    delivered_share: MaybeReal = Field(
+        None,
+        description="its smoothed requests in progress over its pool's active servers': the "
+        "share of the pool's load it carries",
+    )
+    share_correction: MaybeReal = Field(
+        None, description="the factor the share correction puts on its weight; null: off"
+    )
 
     @classmethod
     def of(cls, view: ServerView) -> Self:

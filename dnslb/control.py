@@ -65,6 +65,12 @@ class ServerView:
     answers: int | None  # answers that held it, counted by the pipe backends (None: unknown)
     why: str  # why it is or is not in the published plan's answers (as explain says it)
     location: str | None = None  # its region or site (docs/topology.md)
+    # Its weight over its pool's in the published plan: the share of new answers meant for it
+    intended_share: float | None = None
+    # Its smoothed requests in progress over its pool's active servers': the share it carries
+    delivered_share: float | None = None
+    # The factor its share correction puts on its weight (None: the pool corrects no shares)
+    share_correction: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from dnslb.config import setting
-from dnslb.plan import Fallback
+from dnslb.plan import MAX_WEIGHT, Fallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +74,22 @@ class PoolPolicy:
     weight_floor: float = setting(
         0.05, help="a serving server keeps at least this fraction of its weight", min=0.0, max=1.0
     )
+    share_gain: float = setting(
+        0.1,
+        help="the share correction's gain, per second and per unit of utilization a server is "
+        "above (below) its pool's mean: its weight falls (rises) by that fraction a second, so "
+        "servers that resolvers or clients skew come back to the pool's mean; 0: off (and with "
+        "weight_function equal)",
+        min=0.0,
+        max=10.0,
+    )
+    share_bound: float = setting(
+        4.0,
+        help="the share correction multiplies a weight by at most this, and divides it by at "
+        "most this",
+        min=1.0,
+        max=100.0,
+    )
     fallback: Fallback = setting(
         Fallback.FAIL_OPEN,
         help="answer when no server is eligible: fail_open, least_loaded, nodata",
@@ -88,6 +104,12 @@ class PoolPolicy:
         help="weight from utilization u: spare (1 - u), spare_squared ((1 - u)^2, favours idle "
         "servers more; chosen by docs/simulation.md) or equal (plain round-robin)",
     )
+
+    @property
+    def corrects_shares(self) -> bool:
+        """Whether weights carry a share correction (:func:`correct_shares`): a gain above 0,
+        and weights that follow load (plain round-robin's ``equal`` weights stay equal)."""
+        return self.share_gain > 0 and self.weight_function != "equal"
 
     def config_problems(self) -> Iterator[str]:
         if self.ttl_min > self.ttl_max:
@@ -225,9 +247,14 @@ WEIGHT_FUNCTIONS: dict[str, Callable[[float], float]] = {
 
 
 def member_weight(
-    utilization: float, max_concurrency: int, serving_for: float, policy: PoolPolicy
+    utilization: float,
+    max_concurrency: int,
+    serving_for: float,
+    policy: PoolPolicy,
+    correction: float = 0.0,
 ) -> float:
-    """A serving server's weight: its spare capacity, ramped up after it starts serving.
+    """A serving server's weight: its spare capacity, ramped up after it starts serving, times
+    its share correction (``exp(correction)``, :func:`correct_shares`).
 
     ``serving_for`` is how long the server has been in the answers (seconds). The slow start
     begins at ``1 / 20`` of the weight, so a new server gets some traffic at once.
@@ -236,7 +263,52 @@ def member_weight(
     ramp = 1.0
     if policy.slow_start > 0 and serving_for < policy.slow_start:
         ramp = max(0.05, serving_for / policy.slow_start)
-    return max_concurrency * spare * ramp
+    return max_concurrency * spare * ramp * share_factor(correction, policy)
+
+
+def share_factor(correction: float, policy: PoolPolicy) -> float:
+    """The factor a share ``correction`` (:func:`correct_shares`) puts on a weight: between
+    ``1 / share_bound`` and ``share_bound``; 1 while the pool corrects no shares."""
+    if not correction or not policy.corrects_shares:
+        return 1.0
+    bound = math.log(policy.share_bound)
+    return math.exp(min(bound, max(-bound, correction)))
+
+
+SHARE_STEP = 5.0
+"""Longest time, in seconds, one share correction integrates over (a tick held up for a minute
+must not move the weights by a minute's worth at once)."""
+SHARE_UTILIZATION = 2.0
+"""Utilization counted at most in a share correction: a queue ten times a server's slots is
+not ten times the reason to move its clients (and a report may say anything)."""
+
+
+def correct_shares(
+    corrections: Sequence[float], utilizations: Sequence[float], elapsed: float, policy: PoolPolicy
+) -> list[float]:
+    """The share corrections (natural logarithms of weight factors) of a pool's answered servers
+    after ``elapsed`` seconds at ``utilizations``: the integral of how far each server is above
+    its pool's mean utilization, times ``-share_gain``, at most ``log(share_bound)`` either way.
+
+    The weights (:func:`member_weight`) follow each server's spare capacity at once, but the
+    load a weight brings depends on who resolves: a resolver that keeps the answer's order
+    sends all its users to the first address for a whole TTL, clients that ignore TTLs stay,
+    and a slower server is busier at the same share. What remains after the weights have acted
+    is a bias that persists, and an integral term removes it: a server that stays above its
+    pool's mean loses weight until it is not. The corrections are centred (their mean is 0:
+    only ratios of weights matter), and a correction at its bound stops there (anti-windup:
+    it comes back as soon as the error turns). Fewer than two servers: nothing to correct.
+    """
+    count = len(corrections)
+    if count < 2 or not policy.corrects_shares or elapsed <= 0:
+        return list(corrections)
+    loads = [min(SHARE_UTILIZATION, max(0.0, u)) for u in utilizations]
+    mean = sum(loads) / count
+    step = policy.share_gain * min(elapsed, SHARE_STEP)
+    moved = [c - step * (load - mean) for c, load in zip(corrections, loads, strict=True)]
+    centre = sum(moved) / count
+    bound = math.log(policy.share_bound)
+    return [min(bound, max(-bound, c - centre)) for c in moved]
 
 
 def _linear(fraction: float) -> float:
@@ -284,6 +356,7 @@ def member_values(
     *,
     answered: bool,
     pool_serving: int | None = None,
+    correction: float = 0.0,
 ) -> MemberValues:
     """A member's plan values, as the manager's planner builds them.
 
@@ -297,11 +370,11 @@ def member_values(
     rounded = round(utilization, 3) if utilization is not None else 0.0
     if not answered:
         return MemberValues(utilization=rounded, weight=0.0, ttl=policy.ttl_min)
-    weight = member_weight(rounded, max_concurrency or 1, serving_for, policy)
+    weight = member_weight(rounded, max_concurrency or 1, serving_for, policy, correction)
     ttl = member_ttl(rounded, policy)
     if pool_serving is not None and pool_serving < policy.k:
         ttl = min(ttl, answer_ttl_cap(policy, pool_serving))
-    return MemberValues(utilization=rounded, weight=round(weight, 2), ttl=ttl)
+    return MemberValues(utilization=rounded, weight=min(MAX_WEIGHT, round(weight, 2)), ttl=ttl)
 
 
 def answer_ttl_cap(policy: PoolPolicy, serving: int | None) -> int:

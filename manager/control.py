@@ -8,8 +8,9 @@ and report problems the same way.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from dnslb.control import (
 from dnslb.dnsname import normalize
 from dnslb.model import Event, ServerState
 from dnslb.plan import Member, MemberState, Plan, Pool
+from dnslb.policy import share_factor
 from dnslb.report import MAX_SERVED
 from dnslb.selection import PoolAnswers, pool_answers
 from manager.config import MemberConfig, PoolConfig
@@ -66,16 +68,44 @@ class Control:
             if member.state is MemberState.ACTIVE
         }
 
+    def _shares(self, pools: Iterable[str]) -> dict[str, tuple[float | None, float | None]]:
+        """Per server of ``pools``: its intended share (its weight in the published plan over
+        its pool's) and its delivered share (its smoothed requests in progress, utilization
+        times max concurrency, over its pool's active servers'); None where it has none."""
+        members = self._members()
+        shares: dict[str, tuple[float | None, float | None]] = {}
+        fleet = self.manager.fleet
+        for name in pools:
+            pool = fleet.pools.get(name)
+            if pool is None:
+                continue
+            weights: dict[str, tuple[object, object]] = {}
+            loads: dict[str, tuple[object, object]] = {}
+            for server in pool.servers.values():
+                if server.id in members:
+                    weights[server.id] = (members[server.id][0], 1)
+                if server.state is ServerState.ACTIVE and server.load is not None:
+                    loads[server.id] = (server.load.utilization, server.max_concurrency or 1)
+            intended = _fractions(weights)
+            delivered = _fractions(loads)
+            for server_id in pool.servers:
+                shares[server_id] = (intended.get(server_id), delivered.get(server_id))
+        return shares
+
     def _server_view(
         self,
         server: ServerRuntime,
         members: Mapping[str, tuple[float, int]],
         answers: Mapping[str, tuple[int, int]] | None = None,
+        shares: Mapping[str, tuple[float | None, float | None]] | None = None,
     ) -> ServerView:
         record = server.record
         now = self.manager.clock.monotonic()
         weight_ttl = members.get(server.id)
         report = server.report
+        intended, delivered = shares.get(server.id, (None, None)) if shares else (None, None)
+        pool = self.manager.fleet.pools.get(record.pool)
+        corrects = pool is not None and pool.policy.corrects_shares
         return ServerView(
             id=server.id,
             pool=record.pool,
@@ -99,6 +129,9 @@ class Control:
             answers=answers[server.id][1] if answers and server.id in answers else None,
             why=self._why(server),
             location=self._location(server),
+            intended_share=intended,
+            delivered_share=delivered,
+            share_correction=share_factor(server.share, pool.policy) if corrects and pool else None,
         )
 
     def _location(self, server: ServerRuntime) -> str | None:
@@ -215,8 +248,9 @@ class Control:
             raise NotFound(f"no pool {pool!r}")
         members = self._members()
         answers = self.manager.answer_counts()
+        shares = self._shares([pool] if pool is not None else self.manager.fleet.pools)
         return [
-            self._server_view(server, members, answers)
+            self._server_view(server, members, answers, shares)
             for server in self.manager.fleet.servers.values()
             if pool is None or server.record.pool == pool
         ]
@@ -225,7 +259,8 @@ class Control:
         server = self.manager.fleet.servers.get(server_id)
         if server is None:
             raise NotFound(f"no server {server_id!r}")
-        return self._server_view(server, self._members(), self.manager.answer_counts())
+        shares = self._shares([server.record.pool])
+        return self._server_view(server, self._members(), self.manager.answer_counts(), shares)
 
     def plan(self) -> PlanView | None:
         plan = self.manager.plan
@@ -412,3 +447,20 @@ def _stored_count(data: Mapping[str, Any]) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SERVED:
         return 0
     return value
+
+
+def _fractions(values: Mapping[str, tuple[object, object]]) -> dict[str, float]:
+    """Each value (the product of a pair of numbers) over their sum; values that are not
+    finite numbers at least 0 are left out (a view never fails on what it holds)."""
+    numbers: dict[str, float] = {}
+    for key, value in values.items():
+        try:
+            number = float(value[0]) * float(value[1])  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if math.isfinite(number) and number >= 0:
+            numbers[key] = number
+    total = math.fsum(numbers.values())
+    if not (total > 0 and math.isfinite(total)):
+        return {}
+    return {key: number / total for key, number in numbers.items()}

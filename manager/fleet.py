@@ -44,6 +44,8 @@ class ServerRuntime:
     answered_until: float | None = None  # wall time the last answer holding it expires
     served: int = 0  # requests served while known to this manager (from served_total)
     served_total_seen: int | None = None  # the agent's counter at its newest report
+    # Its share correction: the log of the factor on its weight (dnslb.policy.correct_shares)
+    share: float = 0.0
     # ((id, address), problems) of its plan member: see manager.planner._member_problems
     member_check: tuple[tuple[str, str], tuple[str, ...]] | None = None
 
@@ -87,6 +89,7 @@ class PoolRuntime:
     # Whether one more of its servers could pause after the last tick's verdicts
     # (dnslb.policy.pause_room): the explain view says why a hot server serves on.
     pause_room: bool = True
+    shares_at: float | None = None  # monotonic time of the last share correction
 
     @property
     def name(self) -> str:

@@ -108,6 +108,7 @@ def plan_member(
         pool.policy,
         answered=member_state is MemberState.ACTIVE,
         pool_serving=pool.serving,
+        correction=server.share,
     )
     return Member(
         id=server.id,

@@ -38,7 +38,14 @@ from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan, Pool, PoolCache, normal_address, parse_plan_json
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
-from dnslb.policy import ServerLoad, judge_pause, pause_room, pause_threshold, update_load
+from dnslb.policy import (
+    ServerLoad,
+    correct_shares,
+    judge_pause,
+    pause_room,
+    pause_threshold,
+    update_load,
+)
 from dnslb.report import MAX_SERVED, Report
 from dnslb.selection import FamilyKey, answers_key
 from dnslb.tls import client_context, server_context
@@ -52,7 +59,7 @@ from manager.http import HttpLimits, HttpServer, ManagerApp, listen
 from manager.ingest import ReportIngest
 from manager.leadership import Leadership
 from manager.lifecycle import PROPAGATION, PoolLifecycle
-from manager.planner import build_plan, health_of, plan_zones
+from manager.planner import build_plan, eligible, health_of, plan_zones
 from manager.providers import ProviderContext, create_provider
 from manager.state import ServerRecord, StateStore, Store
 
@@ -604,6 +611,10 @@ class Manager:
                 self._isolated(
                     f"pool {pool.name}", "pausing", self._judge, pool, unpaused, now, wall
                 )
+                if pool.policy.corrects_shares:
+                    self._isolated(
+                        f"pool {pool.name}", "shares", self._correct_shares, pool, now, wall
+                    )
             for name, lifecycle in self.lifecycles.items():
                 self._isolated(f"pool {name}", "lifecycle", lifecycle.tick, now, wall)
             plan = self._publish(now, wall)
@@ -722,6 +733,35 @@ class Manager:
                     self._log_pause(pool, server, load, threshold, wall)
                 server.paused = paused
         pool.pause_room = pause_room(policy, pool_load, unpaused)
+
+    def _correct_shares(self, pool: PoolRuntime, now: float, wall: float) -> None:
+        """Move the share corrections of the pool's answered servers (those past their slow
+        start: a server ramping up is meant to be below the mean) by how far each one's load is
+        from the others' (:func:`~dnslb.policy.correct_shares`). A paused server keeps its
+        correction (it comes back with it); one that leaves the answers otherwise (down,
+        draining) starts again from none."""
+        elapsed = now - pool.shares_at if pool.shares_at is not None else 0.0
+        pool.shares_at = now
+        slow_start = pool.policy.slow_start
+        answered: list[ServerRuntime] = []
+        for server in pool.servers.values():
+            load = server.load
+            if load is None or server.state is not ServerState.ACTIVE:
+                server.share = 0.0
+            elif eligible(server, now=now, down_after=self.config.down_after):
+                serving_since = server.record.serving_since
+                if serving_since is None or wall - serving_since < slow_start:
+                    server.share = 0.0
+                else:
+                    answered.append(server)
+        corrections = correct_shares(
+            [server.share for server in answered],
+            [server.load.utilization if server.load else 0.0 for server in answered],
+            elapsed,
+            pool.policy,
+        )
+        for server, correction in zip(answered, corrections, strict=True):
+            server.share = correction
 
     def _log_pause(
         self,

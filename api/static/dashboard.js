@@ -150,6 +150,7 @@
 
   // -- tables ---------------------------------------------------------------------------------
 
+  const percent = (share) => (share === null || share === undefined ? "-" : `${(share * 100).toFixed(1)} %`);
   const fixed = (value, digits) => (value === null || value === undefined ? "-" : Number(value).toFixed(digits));
 
   function fillTable(id, rows) {
@@ -175,7 +176,8 @@
       return {
         className: paused ? "paused" : s.state,
         cells: [[s.id], [s.pool], [s.address], [s.state], [fixed(s.utilization, 2), true],
-          [fixed(s.weight, 1), true], [s.ttl ?? "-", true], [paused || "-"],
+          [fixed(s.weight, 1), true], [percent(s.intended_share), true],
+          [percent(s.delivered_share), true], [s.ttl ?? "-", true], [paused || "-"],
           [fixed(s.cost_seconds, 0), true], [String(s.served), true], [s.why || s.state_reason]],
       };
     }));

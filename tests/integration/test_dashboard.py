@@ -157,6 +157,17 @@ def test_the_dashboard_draws_live_data_and_keeps_updating(
     }
     assert rows["s2"].startswith("paused by an operator (dashboard test) until resumed")
     assert all(rows[s] for s in ("s1", "s3")), rows
+    # The intended share (weight) and the delivered share (load) of each server, by heading.
+    headings = page.locator("#servers thead th").all_inner_texts()
+    intended, delivered = headings.index("intended"), headings.index("delivered")
+    shares = {
+        cells[0]: (cells[intended], cells[delivered])
+        for cells in (
+            row.locator("td").all_inner_texts() for row in page.locator("#servers tbody tr").all()
+        )
+    }
+    assert shares["s2"][0] == "-"  # paused by the operator: no answers meant for it
+    assert shares["s2"][1].endswith(" %") and shares["s1"][0].endswith(" %"), shares
 
     first = page.evaluate(POINTS)
     assert all(first[name] > 0 for name in CHARTS), first

@@ -82,6 +82,28 @@ def test_metrics_follow_the_views(tmp_path: Path) -> None:
         for labels, share in samples["dnslb_server_intended_share"]:
             shares[labels["pool"]] += share
         assert shares == {"www": pytest.approx(1.0), "auto": pytest.approx(1.0)}
+        # What each server carries of its pool's load (paused ones too: their clients are still
+        # leaving them), as the views say it; the share correction's factor likewise.
+        delivered: dict[str, float] = defaultdict(float)
+        for labels, share in samples["dnslb_server_delivered_share"]:
+            delivered[labels["pool"]] += share
+        assert delivered == {"www": pytest.approx(1.0), "auto": pytest.approx(1.0)}
+        for server in lab.control.servers("www"):
+            assert server.delivered_share is not None
+            assert value(
+                samples, "dnslb_server_delivered_share", pool="www", server=server.id
+            ) == pytest.approx(server.delivered_share)
+        assert value(samples, "dnslb_server_delivered_share", pool="www", server="s3") > 0.5
+        corrections = {
+            labels["server"]: factor
+            for labels, factor in samples["dnslb_server_share_correction"]
+            if labels["pool"] == "www"
+        }
+        assert corrections == {
+            server.id: pytest.approx(server.share_correction)
+            for server in lab.control.servers("www")
+        }
+        assert set(corrections) == {"s1", "s2", "s3"}
         counted = {labels["server"]: v for labels, v in samples["dnslb_server_answers_total"]}
         assert counted == {s.id: s.answers for s in lab.control.servers() if s.answers is not None}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from dnslb.errors import ConfigError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan
 from manager.config import load_manager_config
+from manager.control import Control
 from manager.ingest import Rejected
 from manager.service import Manager
 
@@ -33,7 +35,7 @@ pools:
     zone: example.test
     policy:
       {k: 2, th_over: 0.8, hysteresis: 0.1, ttl_max: 60, ttl_min: 5, slow_start: 0, smoothing: 0,
-       weight_function: spare, pause_dwell: 0}
+       weight_function: spare, pause_dwell: 0, share_gain: 0}
     members:
       - {id: s1, address: 10.0.0.1}
       - {id: s2, address: 10.0.0.2}
@@ -478,3 +480,49 @@ def test_a_server_that_starts_serving_later_ramps_up_over_slow_start(tmp_path: P
         lab.report_all(10)
         lab.step()
     assert lab.members()["s3"][1] == pytest.approx(45.0, abs=3.5)  # half way up the ramp
+
+
+def test_the_share_correction_takes_weight_from_a_server_that_stays_busier(
+    tmp_path: Path,
+) -> None:
+    lab = Lab(
+        tmp_path,
+        CONFIG.replace("share_gain: 0}", "share_gain: 0.1, share_bound: 2}"),
+    )
+    loads = {"s1": 60, "s2": 40, "s3": 20}  # mean 0.4: nobody pauses (th_over 0.8)
+
+    def tick() -> None:
+        for server, in_progress in loads.items():
+            lab.report(server, in_progress)
+        lab.step()
+
+    for _ in range(11):  # the first tick starts the integral; ten seconds of it follow
+        tick()
+    shares = {server.id: server.share for server in lab.manager.fleet.servers.values()}
+    assert shares == pytest.approx({"s1": -0.2, "s2": 0.0, "s3": 0.2})
+    members = lab.members()
+    # spare weights (100 x (1 - u)) times the corrections, rounded as plans carry them
+    assert members["s1"][1] == pytest.approx(round(40 * math.exp(-0.2), 2))
+    assert members["s3"][1] == pytest.approx(round(80 * math.exp(0.2), 2))
+
+    views = {view.id: view for view in Control(lab.manager).servers()}
+    assert views["s1"].share_correction == pytest.approx(math.exp(-0.2))
+    assert views["s1"].delivered_share == pytest.approx(0.5)  # 60 of 120 in progress
+    total = sum(members[s][1] for s in members)
+    assert views["s3"].intended_share == pytest.approx(members["s3"][1] / total)
+
+    for _ in range(60):  # bounded at share_bound
+        tick()
+    assert lab.manager.fleet.servers["s1"].share == pytest.approx(-math.log(2))
+    assert lab.members()["s1"][1] == 20.0
+
+    # A server that leaves the answers (down: no reports) starts again from none; the others
+    # go on among themselves.
+    del loads["s3"]
+    for _ in range(4):
+        tick()
+    assert lab.state("s3") is ServerState.DOWN
+    assert lab.manager.fleet.servers["s3"].share == 0.0
+    s1, s2 = (lab.manager.fleet.servers[s].share for s in ("s1", "s2"))
+    assert s1 + s2 == pytest.approx(0.0)  # centred again, over the two
+    assert s1 < s2 < math.log(2)

@@ -13,6 +13,7 @@ from dnslb.policy import (
     PoolPolicy,
     ServerLoad,
     answer_ttl_cap,
+    correct_shares,
     is_paused,
     judge_pause,
     member_ttl,
@@ -20,6 +21,7 @@ from dnslb.policy import (
     member_weight,
     pause_room,
     pause_threshold,
+    share_factor,
     smooth,
     update_load,
 )
@@ -284,3 +286,70 @@ def test_server_load_is_immutable() -> None:
 def test_policy_config_rules(text: str, problem: str) -> None:
     with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         parse_config(text, PoolPolicy)
+
+
+SHARES = dataclasses.replace(POLICY, share_gain=0.1, share_bound=2.0)
+
+
+def test_a_share_correction_takes_weight_from_a_server_above_its_pools_mean() -> None:
+    corrections = correct_shares([0.0, 0.0, 0.0], [0.6, 0.4, 0.2], 1.0, SHARES)
+    assert corrections == pytest.approx([-0.02, 0.0, 0.02])
+    # It integrates: the same gap for 9 s more moves the weights nine times as far again.
+    for _ in range(9):
+        corrections = correct_shares(corrections, [0.6, 0.4, 0.2], 1.0, SHARES)
+    assert corrections == pytest.approx([-0.2, 0.0, 0.2])
+    assert share_factor(corrections[0], SHARES) == pytest.approx(math.exp(-0.2))
+    # The weight carries the factor.
+    plain = member_weight(0.6, 100, 60.0, SHARES)
+    assert member_weight(0.6, 100, 60.0, SHARES, corrections[0]) == pytest.approx(
+        plain * math.exp(-0.2)
+    )
+
+
+def test_a_share_correction_stops_at_its_bound_and_comes_back_at_once() -> None:
+    corrections = [0.0, 0.0]
+    for _ in range(100):
+        corrections = correct_shares(corrections, [0.9, 0.1], 5.0, SHARES)
+    bound = math.log(2.0)
+    assert corrections == pytest.approx([-bound, bound])
+    assert share_factor(corrections[0], SHARES) == pytest.approx(0.5)
+    # Anti-windup: the first turn of the error moves it back (an unbounded integral would
+    # have gone on to -20 and needed as long again to return).
+    turned = correct_shares(corrections, [0.1, 0.9], 1.0, SHARES)
+    assert turned == pytest.approx([-bound + 0.04, bound - 0.04])
+    # A tick held up for a minute integrates SHARE_STEP seconds of it, not sixty.
+    assert correct_shares([0.0, 0.0], [0.6, 0.4], 60.0, SHARES) == pytest.approx([-0.05, 0.05])
+
+
+@pytest.mark.parametrize(
+    ("corrections", "utilizations", "elapsed", "policy", "expected"),
+    [
+        ([0.3], [0.9], 1.0, SHARES, [0.3]),  # one server: nothing to share
+        ([0.3, -0.3], [0.9, 0.1], 1.0, dataclasses.replace(SHARES, share_gain=0), [0.3, -0.3]),
+        # plain round-robin's weights stay equal
+        ([0.0, 0.0], [0.9, 0.1], 1.0, dataclasses.replace(SHARES, weight_function="equal"), [0, 0]),
+        ([0.3, -0.3], [0.9, 0.1], 0.0, SHARES, [0.3, -0.3]),  # no time passed
+        # centred: only ratios of weights matter, so the mean stays 0
+        ([0.5, 0.5], [0.4, 0.4], 1.0, SHARES, [0.0, 0.0]),
+        # a report may say anything: a queue counts as utilization 2 at most
+        ([0.0, 0.0], [1e9, 0.0], 1.0, SHARES, [-0.1, 0.1]),
+    ],
+)
+def test_share_corrections(
+    corrections: list[float],
+    utilizations: list[float],
+    elapsed: float,
+    policy: PoolPolicy,
+    expected: list[float],
+) -> None:
+    assert correct_shares(corrections, utilizations, elapsed, policy) == pytest.approx(expected)
+
+
+def test_a_share_factor_is_one_while_the_pool_corrects_no_shares() -> None:
+    assert share_factor(0.5, dataclasses.replace(SHARES, share_gain=0)) == 1.0
+    assert share_factor(0.5, dataclasses.replace(SHARES, weight_function="equal")) == 1.0
+    assert share_factor(5.0, SHARES) == pytest.approx(2.0)  # bounded, whatever it was given
+    assert member_weight(0.0, 10**9, 60.0, SHARES, 5.0) == pytest.approx(2e9)
+    # The plan carries a weight of at most MAX_WEIGHT (a pipe backend refuses more).
+    values = member_values(0.0, 10**9, 60.0, SHARES, answered=True, correction=5.0)
+    assert values.weight == 1e9

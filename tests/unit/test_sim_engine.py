@@ -230,11 +230,13 @@ def test_weights_follow_spare_capacity(tmp_path: Path) -> None:
         load(simulation, [15, 0])  # utilization 0.75 and 0: spare 0.25 and 1
         await simulation.step(1.0)
         firsts = [servers[0] for servers, _ in answers(simulation, 100)]
-        # the idle server is first in four answers out of five
+        # the idle server is first in four answers out of five (the weights alone: no share
+        # correction)
         assert firsts.count(1) == pytest.approx(4 * firsts.count(0), abs=8)
 
     stepped(
-        SMALL + "dns: {policy: {k: 1, weight_function: spare, smoothing: 0, slow_start: 0}}\n",
+        SMALL + "dns: {policy: {k: 1, weight_function: spare, smoothing: 0, slow_start: 0, "
+        "share_gain: 0}}\n",
         check,
         tmp_path,
     )
@@ -435,3 +437,30 @@ def test_a_topology_needs_its_servers_and_a_fixed_pool() -> None:
         scenario(TWO_LOCATIONS.replace("initial: 4", "initial: 5") + "scaling: {}\n")
     assert any("must be servers.initial (5)" in problem for problem in refused.value.problems)
     assert any("a fixed pool only" in problem for problem in refused.value.problems)
+
+
+SKEWED = """
+name: skewed
+duration: 300
+balance_window: 300
+load:
+  steps: [{at: 0, clients: 600}]
+clients: {think_time: 2.0}
+resolvers: {count: 100, order: fixed}
+servers: {initial: 4, max_concurrency: 20, backlog: 20, speed_spread: 0.4,
+          service: {mean: 0.2}}
+"""
+
+
+def test_the_share_correction_evens_out_servers_of_uneven_speed() -> None:
+    """A slower server is busier at the same share of answers: a bias the weights alone leave
+    (they follow the load, so it must persist for them to act); the share correction removes
+    it. Over the whole run (one balance window), the busiest server against the mean."""
+
+    def busiest_over_mean(gain: float) -> float:
+        text = SKEWED + f"dns: {{policy: {{k: 2, share_gain: {gain}}}}}\n"
+        return Simulation(scenario(text), seed=2).run().busiest_over_mean
+
+    plain = busiest_over_mean(0.0)
+    corrected = busiest_over_mean(0.1)
+    assert corrected < 1.05 < plain  # 1.028 and 1.091 (seed 2)
