@@ -353,3 +353,13 @@ def test_a_share_factor_is_one_while_the_pool_corrects_no_shares() -> None:
     # The plan carries a weight of at most MAX_WEIGHT (a pipe backend refuses more).
     values = member_values(0.0, 10**9, 60.0, SHARES, answered=True, correction=5.0)
     assert values.weight == 1e9
+
+
+@pytest.mark.parametrize("lie", [0.0, 2.0, 1e9, math.inf, math.nan])
+def test_a_lying_server_moves_only_its_own_share_correction(lie: float) -> None:
+    """Between two honest servers, the correction follows their own gap whatever a third
+    reports: the pool's mean moves them alike, and centring takes a common move away."""
+    honest = correct_shares([0.1, -0.1, 0.0], [0.6, 0.3, 0.45], 1.0, SHARES)
+    lied = correct_shares([0.1, -0.1, 0.0], [0.6, 0.3, lie], 1.0, SHARES)
+    assert lied[0] - lied[1] == pytest.approx(honest[0] - honest[1])
+    assert all(abs(c) <= math.log(SHARES.share_bound) for c in lied)
