@@ -25,7 +25,6 @@ difference, flagging those over 15 % among the columns the issue names.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 import time
@@ -83,7 +82,7 @@ def scenario_for(plan: ExperimentPlan, case: Case) -> Scenario:
         Staircase,
     )
 
-    lab = plan.lab
+    lab = case.settings(plan.lab)
     test = LoadTest(out=Path("."))  # only its defaults: the users the lab's runs have
     load = plan.load
     objects = lab.objects
@@ -118,7 +117,7 @@ def scenario_for(plan: ExperimentPlan, case: Case) -> Scenario:
                 service=ServiceTime(distribution="lognormal", mean=service, cv=spread),
                 boot_delay=lab.boot_delay,
             ),
-            dns=DnsConfig(policy=dataclasses.replace(lab.policy, **case.policy)),
+            dns=DnsConfig(policy=lab.policy),
             scaling=lab.scaling,
         ),
         "calibrate",

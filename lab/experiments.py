@@ -22,7 +22,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +59,22 @@ def plain(ttl: int, th_over: float) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Case:
-    """One case: its row in the table, the paper's tables it replays, its policy (changes to the
-    product's defaults)."""
+    """One case: its row in the table, the paper's tables it replays, its policy and its
+    autoscaling (changes to the product's defaults)."""
 
     key: str
     label: str
     tables: tuple[str, ...]
     policy: dict[str, Any]
+    scaling: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self, lab: LabSettings) -> LabSettings:
+        """``lab`` with this case's changes to the pool's policy and autoscaling."""
+        return dataclasses.replace(
+            lab,
+            policy=dataclasses.replace(lab.policy, **self.policy),
+            scaling=dataclasses.replace(lab.scaling, **self.scaling),
+        )
 
 
 CASES: tuple[Case, ...] = (
@@ -82,6 +91,13 @@ CASES: tuple[Case, ...] = (
     Case("t3-c", "T3 C = T4 product: variable TTL, k=4", ("3", "4"), {"k": 4}),
     Case("t3-d", "T3 D variable TTL, k=8", ("3",), {"k": 8}),
     Case("t4-fixed", "T4 fixed TTL 40, all addresses", ("4",), plain(40, 0.8)),
+    Case(
+        "t4-target",
+        "T4 product, pool sized for a 2 s wait (99 %)",
+        ("4",),
+        {"k": 4},
+        {"target_wait": 2.0},
+    ),
 )
 
 TABLES = ("1", "2", "3", "4")
@@ -194,11 +210,7 @@ def run_case(case: Case, plan: ExperimentPlan, repeat: int = 1) -> CaseResult:
     """Run one case once in a fresh lab (seed ``repeat``); its files stay in
     ``plan.out / case.key / run-REPEAT``."""
     directory = plan.out / case.key / f"run-{repeat}"
-    settings = dataclasses.replace(
-        plan.lab,
-        workdir=directory / "lab",
-        policy=dataclasses.replace(plan.lab.policy, **case.policy),
-    )
+    settings = dataclasses.replace(case.settings(plan.lab), workdir=directory / "lab")
     lab = Lab(settings, say=lambda text: None)
     try:
         lab.start()

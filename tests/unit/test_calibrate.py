@@ -51,6 +51,12 @@ def test_the_scenario_is_the_labs_experiment(tmp_path: Path) -> None:
     assert kept.resolvers.order == "fixed"
     no_resolvers = dataclasses.replace(plan, lab=dataclasses.replace(lab, resolvers=0))
     assert scenario_for(no_resolvers, PLAIN).resolvers.count == 50  # each user its own cache
+    # A case's autoscaling, as its lab run has it (Case.settings): the pool sized for a wait.
+    target = next(case for case in CASES if case.key == "t4-target")
+    sized = scenario_for(plan, target)
+    assert sized.scaling is not None
+    assert sized.scaling == target.settings(lab).scaling != lab.scaling
+    assert sized.scaling.target_wait == 2.0
 
 
 def _row(mean_response: float, cost: float) -> CaseResult:
