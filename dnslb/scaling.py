@@ -24,7 +24,8 @@ from the agents' served counters (Little's law). It scales out when the load pro
 ``boot_time`` ahead (the mean over ``window`` and its rate of rise) needs more servers than the
 pool has (booting ones included), as many as it needs; and in, with the same guards as above,
 when one server fewer would still meet the target at a load ``SCALE_IN_HEADROOM`` times the
-mean over ``scale_in_window``; both with the pool's imbalance measured (:func:`imbalance`).
+mean over ``scale_in_window``; both with the pool's imbalance measured (:func:`imbalance`),
+unless ``target_imbalance`` is off (sized as if the pool were even).
 Each server queues on its own, so the pool's size does not pool waiting: what lets a server run
 hotter than ``th_high`` at the same wait is its number of worker slots and the wait allowed
 against the service time. Until the agents' served counters give a service time, the
@@ -79,6 +80,12 @@ class ScalingPolicy:
     )
     target_quantile: float = setting(
         0.99, help="share of requests that wait less than target_wait", min=0.5, max=0.99999
+    )
+    target_imbalance: bool = setting(
+        True,
+        help="size for the pool's imbalance as measured (false: as if DNS spread the load "
+        "evenly; cheaper, the busiest servers then wait longer than target_wait; "
+        "docs/simulation.md)",
     )
 
     def config_problems(self) -> Iterator[str]:
@@ -325,7 +332,7 @@ def _decide_for_target(
         and _covers(history.samples, now, policy.window)
     ):
         demand = sum(sample.in_progress for sample in recent) / len(recent)
-        uneven = imbalance(recent)
+        uneven = imbalance(recent) if policy.target_imbalance else 1.0
         projected = demand + _rise_rate(recent) * policy.boot_time
         needed = servers_for(projected, unit, service, policy, uneven)
         if needed > count:
@@ -351,7 +358,7 @@ def _decide_for_target(
         and now - max(history.last_scale_in, history.last_scale_out) >= policy.scale_in_window
     ):
         demand = sum(sample.in_progress for sample in long) / len(long)
-        uneven = imbalance(long)
+        uneven = imbalance(long) if policy.target_imbalance else 1.0
         if servers_for(demand * SCALE_IN_HEADROOM, unit, service, policy, uneven) < count:
             victim = min(
                 active, key=lambda server: (server.in_progress, -server.started_at, server.id)

@@ -98,6 +98,13 @@ CASES: tuple[Case, ...] = (
         {"k": 4},
         {"target_wait": 2.0},
     ),
+    Case(
+        "t4-even",
+        "T4 product, pool sized for a 0.5 s wait (99 %) as if even",
+        ("4",),
+        {"k": 4},
+        {"target_wait": 0.5, "target_imbalance": False},
+    ),
 )
 
 TABLES = ("1", "2", "3", "4")

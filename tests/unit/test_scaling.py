@@ -52,8 +52,10 @@ class Pool:
         policy: ScalingPolicy = POLICY,
         boot: float = 30.0,
         service: float | None = None,
+        lump: float = 1.0,
     ) -> None:
         self.policy = policy
+        self.lump = lump  # the first active server carries this many times the others' share
         self.boot = boot
         self.service = service  # mean service time: the agents count what they served
         self.served: dict[str, float] = {}
@@ -84,8 +86,9 @@ class Pool:
                     del self.booting[server_id]
             active = [s for s, (a, _) in self.servers.items() if a]
             load = demand(self.now)
-            share = round(load / len(active)) if active else 0
-            for server_id in active:
+            base = load / (len(active) - 1 + self.lump) if active else 0
+            shares = {s: round(base * (self.lump if i == 0 else 1)) for i, s in enumerate(active)}
+            for server_id, share in shares.items():
                 if self.service is not None:  # served in a second: busy slots / service time
                     served = self.served.get(server_id, 0.0)
                     self.served[server_id] = served + min(share, 100) / self.service
@@ -93,7 +96,7 @@ class Pool:
                 ServerLoadView(
                     id=server_id,
                     active=is_active,
-                    in_progress=share if is_active else 0,
+                    in_progress=shares.get(server_id, 0),
                     max_concurrency=100,
                     started_at=started_at,
                     served=int(self.served.get(server_id, 0.0)),
@@ -349,6 +352,21 @@ def test_a_target_runs_the_pool_hotter_than_th_high_and_holds_it() -> None:
     thresholds = Pool(servers=2, service=0.5)
     thresholds.run(300, lambda t: 360)
     assert thresholds.size == 6
+
+
+def test_a_target_sizes_for_the_pools_imbalance_unless_told_not_to() -> None:
+    # The first server carries twice the others' share: requests see a busier pool than its
+    # mean, and the target sizes for that; target_imbalance false sizes as if it were even.
+    measured = Pool(servers=2, policy=TARGET, service=0.5, lump=2.0)
+    measured.run(300, lambda t: 360)
+    even = Pool(
+        servers=2, policy=dataclasses.replace(TARGET, target_imbalance=False), service=0.5, lump=2.0
+    )
+    even.run(300, lambda t: 360)
+    assert even.size == servers_for(360, 100, 0.5, TARGET) == 4
+    assert measured.size > even.size
+    [(_, decision), *_] = measured.decisions
+    assert "imbalance 1." in decision.reason
 
 
 def test_a_target_scales_in_while_one_fewer_still_meets_it_with_headroom() -> None:
