@@ -253,6 +253,8 @@ def show_servers(servers: Sequence[Mapping[str, Any]]) -> str:
             server["state"],
             _num(server["utilization"]),
             _num(server["weight"], 1),
+            _share(server.get("intended_share")),
+            _share(server.get("delivered_share")),
             _num(server["ttl"]),
             _paused(server),
             _num(server["cost_seconds"], 0),
@@ -260,8 +262,13 @@ def show_servers(servers: Sequence[Mapping[str, Any]]) -> str:
         ]
         for server in servers
     ]
-    headers = ["SERVER", "POOL", "ADDRESS", "STATE", "UTIL", "WEIGHT", "TTL", "PAUSED"]
-    return table([*headers, "COST S", "SERVED"], rows)
+    headers = ["SERVER", "POOL", "ADDRESS", "STATE", "UTIL", "WEIGHT", "INTENDED", "DELIVERED"]
+    return table([*headers, "TTL", "PAUSED", "COST S", "SERVED"], rows)
+
+
+def _share(value: Any) -> str:
+    """A share as a percentage (its weight's, or its load's, of its pool's)."""
+    return f"{value * 100:.1f}%" if isinstance(value, float) else "-"
 
 
 def show_server(server: Mapping[str, Any]) -> str:

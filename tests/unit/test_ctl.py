@@ -67,6 +67,10 @@ def test_status_pools_and_servers_as_tables(ctl: Ctl) -> None:
     assert header.split()[:4] == ["SERVER", "POOL", "ADDRESS", "STATE"]
     assert sorted(row.split()[0] for row in rows) == ["s1", "s2", "s3"]
     assert all(row.split()[1] == "www" for row in rows)
+    columns = header.split()
+    intended, delivered = columns.index("INTENDED"), columns.index("DELIVERED")
+    shares = [(row.split()[intended], row.split()[delivered]) for row in rows]
+    assert all(a.endswith("%") and b.endswith("%") for a, b in shares), out
 
     status, out, _ = ctl("pools", token=READ)
     assert status == EXIT_OK
