@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from dnslb.control import AnswerExample, Explanation, MemberExplanation
 from dnslb.model import ServerState
 from dnslb.plan import Member, MemberState, Plan, Pool
-from dnslb.policy import PoolPolicy, pause_threshold
+from dnslb.policy import PoolPolicy, pause_threshold, share_factor
 from dnslb.selection import Answer, PoolAnswers, answer_shares
 from manager.fleet import PoolRuntime, ServerRuntime
 from manager.planner import health_of
@@ -106,8 +106,10 @@ def server_reason(
         if not answered:
             return f"in the plan with weight {member.weight:g}, in no answer (others outweigh it)"
         assert shares is not None
+        factor = share_factor(server.share, policy) if policy is not None else 1.0
+        corrected = f" (x{factor:.2f} share correction)" if round(factor, 2) != 1 else ""
         why = (
-            f"answered: weight {member.weight:g}, TTL {member.ttl} s; first in "
+            f"answered: weight {member.weight:g}{corrected}, TTL {member.ttl} s; first in "
             f"{shares.first:.0%} and in {shares.seen:.0%} of the answers"
         )
         held = _serving_on(server, policy, pool_mean=pool_mean, room=pool_room, now=now)

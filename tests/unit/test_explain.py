@@ -134,3 +134,15 @@ def test_a_hot_server_that_serves_on_says_why(tmp_path: Path) -> None:
     )
     lab.step(10)
     assert all(why.startswith("answered") and "paused" not in why for why in reasons(lab).values())
+
+
+def test_an_answered_server_says_what_its_share_correction_does(tmp_path: Path) -> None:
+    lab = Lab(tmp_path)
+    lab.step(seconds=2)
+    for _ in range(20):  # s1 stays busier than the others: its weight loses, theirs gain
+        lab.step(lambda s: 60 if s == "s1" else 20)
+    why = reasons(lab)
+    factor = lab.control.server("s1").share_correction
+    assert factor is not None and factor < 0.99
+    assert f"(x{factor:.2f} share correction)" in why["s1"]
+    assert "(x1." in why["s2"] and "share correction" in why["s3"]
