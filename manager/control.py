@@ -68,19 +68,21 @@ class Control:
             if member.state is MemberState.ACTIVE
         }
 
-    def _shares(self, pools: Iterable[str]) -> dict[str, tuple[float | None, float | None]]:
-        """Per server of ``pools``: its intended share (its weight in the published plan over
-        its pool's) and its delivered share (its smoothed requests in progress, utilization
-        times max concurrency, over its pool's active servers'); None where it has none."""
-        members = self._members()
+    def _shares(
+        self, pools: Iterable[str], members: Mapping[str, tuple[float, int]]
+    ) -> dict[str, tuple[float | None, float | None]]:
+        """Per server of ``pools``: its intended share (its weight among the published plan's
+        ``members`` over its pool's) and its delivered share (its smoothed requests in
+        progress, utilization times max concurrency, over its pool's active servers'); None
+        where it has none."""
         shares: dict[str, tuple[float | None, float | None]] = {}
         fleet = self.manager.fleet
         for name in pools:
             pool = fleet.pools.get(name)
             if pool is None:
                 continue
-            weights: dict[str, tuple[object, object]] = {}
-            loads: dict[str, tuple[object, object]] = {}
+            weights: dict[str, tuple[float, float]] = {}
+            loads: dict[str, tuple[float, float]] = {}
             for server in pool.servers.values():
                 if server.id in members:
                     weights[server.id] = (members[server.id][0], 1)
@@ -105,7 +107,7 @@ class Control:
         report = server.report
         intended, delivered = shares.get(server.id, (None, None)) if shares else (None, None)
         pool = self.manager.fleet.pools.get(record.pool)
-        corrects = pool is not None and pool.policy.corrects_shares
+        policy = pool.policy if pool is not None else None
         return ServerView(
             id=server.id,
             pool=record.pool,
@@ -131,7 +133,11 @@ class Control:
             location=self._location(server),
             intended_share=intended,
             delivered_share=delivered,
-            share_correction=share_factor(server.share, pool.policy) if corrects and pool else None,
+            share_correction=(
+                share_factor(server.share, policy)
+                if policy is not None and policy.corrects_shares
+                else None
+            ),
         )
 
     def _location(self, server: ServerRuntime) -> str | None:
@@ -248,7 +254,7 @@ class Control:
             raise NotFound(f"no pool {pool!r}")
         members = self._members()
         answers = self.manager.answer_counts()
-        shares = self._shares([pool] if pool is not None else self.manager.fleet.pools)
+        shares = self._shares([pool] if pool is not None else self.manager.fleet.pools, members)
         return [
             self._server_view(server, members, answers, shares)
             for server in self.manager.fleet.servers.values()
@@ -259,8 +265,9 @@ class Control:
         server = self.manager.fleet.servers.get(server_id)
         if server is None:
             raise NotFound(f"no server {server_id!r}")
-        shares = self._shares([server.record.pool])
-        return self._server_view(server, self._members(), self.manager.answer_counts(), shares)
+        members = self._members()
+        shares = self._shares([server.record.pool], members)
+        return self._server_view(server, members, self.manager.answer_counts(), shares)
 
     def plan(self) -> PlanView | None:
         plan = self.manager.plan
@@ -449,13 +456,13 @@ def _stored_count(data: Mapping[str, Any]) -> int:
     return value
 
 
-def _fractions(values: Mapping[str, tuple[object, object]]) -> dict[str, float]:
+def _fractions(values: Mapping[str, tuple[float, float]]) -> dict[str, float]:
     """Each value (the product of a pair of numbers) over their sum; values that are not
     finite numbers at least 0 are left out (a view never fails on what it holds)."""
     numbers: dict[str, float] = {}
     for key, value in values.items():
         try:
-            number = float(value[0]) * float(value[1])  # type: ignore[arg-type]
+            number = float(value[0]) * float(value[1])
         except (TypeError, ValueError, OverflowError):
             continue
         if math.isfinite(number) and number >= 0:
