@@ -159,15 +159,19 @@ def test_the_dashboard_draws_live_data_and_keeps_updating(
     assert all(rows[s] for s in ("s1", "s3")), rows
     # The intended share (weight) and the delivered share (load) of each server, by heading.
     headings = page.locator("#servers thead th").all_inner_texts()
+    weight = headings.index("weight")
     intended, delivered = headings.index("intended"), headings.index("delivered")
     shares = {
-        cells[0]: (cells[intended], cells[delivered])
+        cells[0]: (cells[weight], cells[intended], cells[delivered])
         for cells in (
             row.locator("td").all_inner_texts() for row in page.locator("#servers tbody tr").all()
         )
     }
-    assert shares["s2"][0] == "-"  # paused by the operator: no answers meant for it
-    assert shares["s2"][1].endswith(" %") and shares["s1"][0].endswith(" %"), shares
+    assert shares["s2"][1] == "-"  # paused by the operator: no answers meant for it
+    assert shares["s2"][2].endswith(" %"), shares  # but still carrying load
+    # an intended share exactly where the plan answers the server (a weight)
+    assert all((w == "-") == (i == "-") for w, i, _ in shares.values()), shares
+    assert any(i.endswith(" %") for _, i, _ in shares.values()), shares
 
     first = page.evaluate(POINTS)
     assert all(first[name] > 0 for name in CHARTS), first
