@@ -23,6 +23,7 @@ Nothing is asserted: the script prints figures.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -38,10 +39,12 @@ from pathlib import Path
 
 from daemons.process import http_answers, spawn
 from dnslb.clock import FakeClock
+from manager.command import tune_collector
 from manager.config import load_manager_config
 from manager.service import Manager
 
 TOKEN = "bench-agent-token"
+TUNE_COLLECTOR = True  # --default-collector: the interpreter's settings, for comparison
 PER_POOL = 100
 
 
@@ -99,6 +102,9 @@ def tick_cpu(
         started = time.perf_counter()
         manager = Manager(config, clock=clock)
         print(f"  ({servers} servers: start-up {time.perf_counter() - started:.2f} s)")
+        threshold = gc.get_threshold()
+        if TUNE_COLLECTOR:
+            tune_collector()  # as `dnslb manager` does once its state is loaded
         if manager.leadership is not None:
             manager.leadership.step()  # its renewal loop runs from here on
         ids = list(manager.fleet.servers)
@@ -138,6 +144,8 @@ def tick_cpu(
         if manager.leadership is not None:
             manager.leadership.close()
         manager.store.close()
+        gc.unfreeze()  # the next fleet size starts as this one did
+        gc.set_threshold(*threshold)
         return min(samples), statistics.median(samples), rate
 
 
@@ -249,7 +257,14 @@ def main() -> None:
         default="sqlite",
         help="where the state is kept (postgres: a throwaway cluster; ticks only, no HTTP)",
     )
+    parser.add_argument(
+        "--default-collector",
+        action="store_true",
+        help="leave the garbage collector as the interpreter sets it (dnslb manager tunes it)",
+    )
     args = parser.parse_args()
+    global TUNE_COLLECTOR  # noqa: PLW0603 (a switch for the whole run)
+    TUNE_COLLECTOR = not args.default_collector
     ticks = 3 if args.quick else 7
     os.environ["DNSLB_BENCH_TOKEN"] = TOKEN
     if args.state == "postgres":

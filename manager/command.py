@@ -7,6 +7,7 @@ What serves the REST API beside it is not the manager's to know: the composition
 from __future__ import annotations
 
 import argparse
+import gc
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,23 @@ if TYPE_CHECKING:
     from manager.service import Manager
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# Young objects collected once per this many allocations (Python's default: 700). A tick at
+# 10,000 servers makes hundreds of thousands of short-lived objects; at 700 they were examined
+# and promoted again and again while the tick still held them, and every few ticks a full
+# collection went over the whole fleet's state (bench/manager_load.py).
+_YOUNG_THRESHOLD = 20_000
+
+
+def tune_collector() -> None:
+    """Set the garbage collector up for a long-running manager, once its state is loaded: what
+    exists now (configuration, fleet, state) is moved out of the collector's sight
+    (``gc.freeze``) and young objects are collected less often. Measured at 10,000 servers: the
+    collector's share of a tick went from 26-54 ms to 4-16 ms (bench/README.md)."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(_YOUNG_THRESHOLD, middle, old)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +69,7 @@ def run(args: argparse.Namespace, attach: Callable[[Manager], None] | None = Non
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         manager = Manager(loaded)
+        tune_collector()
         if attach is not None:
             attach(manager)
         await manager.run(stop)

@@ -110,14 +110,14 @@ def plan_member(
         pool_serving=pool.serving,
         correction=server.share,
     )
-    return Member(
-        id=server.id,
-        address=server.record.address,
-        weight=values.weight,
-        ttl=values.ttl,
-        state=member_state,
-        utilization=values.utilization,
-        location=pool.server_location(server),
+    return Member(  # positional, in the order of Member's fields: built for every server
+        server.record.id,
+        server.record.address,
+        values.weight,
+        values.ttl,
+        member_state,
+        values.utilization,
+        pool.server_location(server),
     )
 
 

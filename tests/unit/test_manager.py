@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ from dnslb.clock import FakeClock
 from dnslb.errors import ConfigError
 from dnslb.model import ServerState
 from dnslb.plan import MemberState, Plan
+from manager.command import _YOUNG_THRESHOLD, tune_collector
 from manager.config import load_manager_config
 from manager.control import Control
 from manager.ingest import Rejected
@@ -526,3 +528,16 @@ def test_the_share_correction_takes_weight_from_a_server_that_stays_busier(
     s1, s2 = (lab.manager.fleet.servers[s].share for s in ("s1", "s2"))
     assert s1 + s2 == pytest.approx(0.0)  # centred again, over the two
     assert s1 < s2 < math.log(2)
+
+
+def test_the_manager_command_moves_its_loaded_state_out_of_the_collectors_sight() -> None:
+    threshold = gc.get_threshold()
+    before = gc.get_freeze_count()
+    kept = [[n] for n in range(1000)]  # containers alive now: frozen with the rest
+    try:
+        tune_collector()
+        assert gc.get_freeze_count() >= before + len(kept)
+        assert gc.get_threshold() == (_YOUNG_THRESHOLD, *threshold[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
