@@ -59,6 +59,8 @@ ROWS = (
     ("p99, s", "p99", "{:.2f}"),
     ("failed", "failed", "{:.0f}"),
     ("peak servers", "peak_servers", "{:.1f}"),
+    ("pause flips per server-h", "pause_flips_per_hour", "{:.1f}"),
+    ("s above 1.5 past 10 s", "overloaded_seconds", "{:.0f}"),
 )
 """The columns compared: label, :class:`CaseResult` attribute, format."""
 
@@ -256,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
             lab=lab_settings(args),
             case_duration=args.case_duration,
             peak_users=args.peak_users,
+            constant_load=args.constant_load,
             repeats=args.repeats,
         ),
         "calibrate",

@@ -4,13 +4,14 @@ The paper (its tables 1-4) reports per case: cost in server-seconds, total respo
 requests served, mean response time, requests per unit of cost, the shares of responses under
 3 s, 3-9 s and 9-60 s, and the mean TTL. A run here adds the busiest server's utilization over
 the mean, the server-seconds spent at 100 % utilization, failed requests and response-time
-percentiles.
+percentiles; and how pausing behaved (issue 17): the manager's pause flips, and the
+server-seconds spent overloaded (:func:`overloaded_seconds`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 HISTOGRAM_STEP = 0.01
@@ -108,6 +109,15 @@ class CaseResult:
     p99: float
     dns_queries: int  # answers the resolvers received (mean_ttl is over them)
     peak_servers: int
+    # How pausing behaved; keyword-only, so that results written before them still read (as 0).
+    pause_flips: int = field(default=0, kw_only=True)  # the manager's paused and resumed events
+    overloaded_seconds: float = field(default=0.0, kw_only=True)  # see overloaded_seconds()
+
+    @property
+    def pause_flips_per_hour(self) -> float:
+        """Pause flips per server-hour of the run's cost (issue 17's goal: at most 6 at 90 % of
+        the pool's capacity)."""
+        return self.pause_flips * 3600.0 / self.cost if self.cost > 0 else 0.0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -168,6 +178,41 @@ def busiest_over_mean(
         if mean >= 0.1:
             ratios.append(max(values) / mean)
     return sum(ratios) / len(ratios) if ratios else 1.0
+
+
+OVERLOAD = 1.5
+"""The utilization :func:`overloaded_seconds` counts above: half again the worker slots, queued."""
+OVERLOAD_GRACE = 10.0
+"""Seconds above :data:`OVERLOAD` a server may spend before they count (issue 17: no server
+above utilization 1.5 for more than 10 s)."""
+
+
+def overloaded_seconds(
+    samples: Mapping[str, Sequence[tuple[float, float]]], until: float, *, longest_gap: float = 5.0
+) -> float:
+    """Server-seconds spent above utilization :data:`OVERLOAD` beyond the first
+    :data:`OVERLOAD_GRACE` seconds of each spell there: 0 when no server stays overloaded for
+    longer than that.
+
+    ``samples`` are each server's (time, utilization) in time order; each sample stands until the
+    next one (at most ``longest_gap`` seconds: a server missing from the samples is not assumed
+    to stay as it was) and the last until ``until``.
+    """
+    total = 0.0
+    for points in samples.values():
+        spell: float | None = None  # when the current spell above OVERLOAD began
+        for index, (time, value) in enumerate(points):
+            following = points[index + 1][0] if index + 1 < len(points) else until
+            end = min(following, time + longest_gap)
+            if not value > OVERLOAD:  # a NaN ends a spell too
+                spell = None
+                continue
+            if spell is None:
+                spell = time
+            total += max(0.0, end - max(time, spell + OVERLOAD_GRACE))
+            if end < following:  # a gap in the samples: the spell is not known to go on
+                spell = None
+    return total
 
 
 COLUMNS = (

@@ -81,6 +81,7 @@ EXPERIMENT_OPTIONS = {
     "cases": "--cases",
     "case_duration": "--case-duration",
     "peak_users": "--peak-users",
+    "constant_load": "--constant-load",
     "repeats": "--repeats",
     **{f"lab.{field}": option for field, option in LAB_OPTIONS.items()},
 }
@@ -148,17 +149,11 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
         help="the lab's directory, every file of a run (default ~/.local/state/dnslb/lab)",
     )
     add_lab_ports(parser)
-    scaling, policy = default_of(LabSettings, "scaling"), default_of(LabSettings, "policy")
+    policy = default_of(LabSettings, "policy")
     parser.add_argument(
         "--network",
         default=default_of(LabSettings, "network"),
         help="cache servers' addresses NETWORK.1, .2... (%(default)s)",
-    )
-    parser.add_argument(
-        "--min-servers",
-        type=int,
-        default=scaling.min_servers,
-        help="autoscaling floor (%(default)s)",
     )
     parser.add_argument("--k", type=int, help=f"addresses per answer (policy default: {policy.k})")
     parser.add_argument(
@@ -183,8 +178,8 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_lab_ports(parser: argparse.ArgumentParser) -> None:
-    """The options ``dnslb lab`` and ``dnslb experiments`` share: the lab's ports, its cache
-    servers' boot delay and the autoscaling ceiling."""
+    """The options ``dnslb lab``, ``dnslb experiments`` and ``dnslb calibrate`` share: the lab's
+    ports, its cache servers' boot delay, the autoscaling floor and ceiling, the resolvers."""
 
     def default(name: str) -> Any:
         return default_of(LabSettings, name)
@@ -218,6 +213,12 @@ def add_lab_ports(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=default("boot_delay"),
         help="seconds a cache server takes to boot (%(default)s)",
+    )
+    parser.add_argument(
+        "--min-servers",
+        type=int,
+        default=default("scaling").min_servers,
+        help="autoscaling floor (%(default)s; with --max-servers the same: a fixed pool)",
     )
     parser.add_argument(
         "--max-servers",
@@ -257,7 +258,7 @@ def lab_settings(args: argparse.Namespace) -> LabSettings:
     }
     scaling = dataclasses.replace(
         base.scaling,
-        min_servers=getattr(args, "min_servers", base.scaling.min_servers),
+        min_servers=args.min_servers,
         max_servers=args.max_servers,
         boot_time=args.boot_delay,
     )
@@ -487,6 +488,12 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         default=default("peak_users"),
         help="users at the peak (%(default)s)",
     )
+    parser.add_argument(
+        "--constant-load",
+        action="store_true",
+        help="the peak's users for the whole run instead of the step load (pausing at a load "
+        "held, on a fixed pool with --min-servers and --max-servers)",
+    )
 
 
 def run_experiments(args: argparse.Namespace) -> int:
@@ -523,6 +530,7 @@ def experiment_plan(args: argparse.Namespace) -> ExperimentPlan:
         lab=lab_settings(args),
         case_duration=preset.get("case_duration", args.case_duration),
         peak_users=args.peak_users,
+        constant_load=args.constant_load,
         repeats=preset.get("repeats", args.repeats),
     )
     return _checked(plan, EXPERIMENT_OPTIONS)

@@ -176,13 +176,21 @@ class ExperimentPlan:
     peak_users: int = setting(
         160, help="users at the peak (past 4 servers' capacity)", min=1, max=2000
     )
+    constant_load: bool = setting(
+        False, help="peak_users for the whole run instead of the step load"
+    )
     repeats: int = setting(5, help="runs of each case (means and 95 % intervals)", min=1, max=50)
 
     @property
     def load(self) -> StepLoad:
         """A fifth of the peak, then a fifth more every eighth of the run up to the peak at half
         of it, held to the end: steps faster than the autoscaler (10 s of evidence, 10 s of
-        boot) catches up with, so the pool is past its capacity after each step."""
+        boot) catches up with, so the pool is past its capacity after each step. With
+        ``constant_load``, the peak from start to end (how pausing behaves at a load held)."""
+        if self.constant_load:
+            return StepLoad(
+                start=self.peak_users, step=0, every=self.case_duration, count=0, hold=0.0
+            )
         every = self.case_duration / 8
         step = max(1, round(self.peak_users / 5))
         return StepLoad(start=step, step=step, every=every, count=4, hold=3 * every)

@@ -46,6 +46,7 @@ from evaluation.columns import (
     ResponseStats,
     Series,
     busiest_over_mean,
+    overloaded_seconds,
     paper_columns,
 )
 from lab.history import EVENTS_FILE, SERVERS_FILE, read_events, read_servers
@@ -264,6 +265,8 @@ def measure(run: LabRun, name: str) -> LabResult:
             {key: list(points) for key, points in utilization.items()}, BALANCE_WINDOW, duration
         ),
         saturated_seconds=saturated,
+        overloaded_seconds=overloaded_seconds(utilization, duration),
+        pause_flips=sum(1 for _, kind, _, _ in run.events if kind in ("paused", "resumed")),
         failed=sum(1 for r in http if not r.ok),
         peak_servers=peak,
         duration=duration,

@@ -50,6 +50,7 @@ from evaluation.columns import (
     ResponseStats,
     Series,
     busiest_over_mean,
+    overloaded_seconds,
     paper_columns,
 )
 from sim.metrics import RunResult
@@ -712,6 +713,9 @@ class Simulation:
             **paper_columns(stats, cost=cost, ttl_total=self.ttl_total, answers=self.dns_queries),
             busiest_over_mean=busiest_over_mean(samples, scenario.balance_window, end),
             saturated_seconds=self.saturated,
+            overloaded_seconds=overloaded_seconds(
+                samples, end, longest_gap=2 * scenario.manager.tick
+            ),
             failed=self.failed,
             peak_servers=max((sum(counts[:4]) for counts in self.series_counts), default=0),
             simulated=end,

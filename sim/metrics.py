@@ -21,7 +21,6 @@ class RunResult(CaseResult):
     sent_to_terminated: int = 0  # connections of TTL-honouring users to a terminated server
     orphans: int = 0  # servers running in the cloud at the end that the manager does not know
     double_launches: int = 0  # server ids the cloud started more than one machine for
-    pause_flips: int = 0  # the manager's paused and resumed events during the run
     # Topology scenarios: requests failed because their server crashed (the rest of ``failed``
     # timed out or found no address), and the share of requests served in the user's location.
     failed_on_crash: int = 0

@@ -57,6 +57,15 @@ def test_the_scenario_is_the_labs_experiment(tmp_path: Path) -> None:
     assert sized.scaling is not None
     assert sized.scaling == target.settings(lab).scaling != lab.scaling
     assert sized.scaling.target_wait == 2.0
+    # A constant load on a fixed pool (how pausing behaves at a load held): both sides alike.
+    fixed = dataclasses.replace(
+        lab, scaling=dataclasses.replace(lab.scaling, min_servers=4, max_servers=4)
+    )
+    held = scenario_for(
+        dataclasses.replace(plan, lab=fixed, constant_load=True, case_duration=600), PRODUCT
+    )
+    assert held.duration == 600 and held.servers.initial == 4
+    assert [held.load.clients_at(t) for t in (0.0, 300.0, 599.0)] == [50, 50, 50]
 
 
 def _row(mean_response: float, cost: float) -> CaseResult:

@@ -229,6 +229,33 @@ def test_a_run_is_measured_in_the_papers_columns() -> None:
     assert result.duration == 10.0
 
 
+def test_a_run_counts_its_pause_flips_and_the_time_servers_stayed_overloaded() -> None:
+    run = dataclasses.replace(
+        a_run(),
+        events=(
+            (101.0, "paused", "s1", "utilization 0.95"),
+            (103.0, "resumed", "s1", "utilization 0.5"),
+            (104.0, "server_added", "s2", ""),
+            (105.0, "paused", "s2", "utilization 0.9"),
+        ),
+        samples=tuple(
+            {"t": 100.0 + t, "members": [["s1", "127.0.1.1", "active", u, 1.0, 5]]}
+            for t, u in enumerate([1.6] * 8 + [1.0] * 2)  # above 1.5 for 8 s: within the grace
+        )
+        + tuple(
+            {"t": 100.0 + t, "members": [["s2", "127.0.1.2", "paused", 2.0, 0.0, 5]]}
+            for t in range(10)  # above for the whole run (and before it): 10 s is not more
+        ),
+    )
+    result = measure(run, "case")
+    assert result.pause_flips == 3
+    assert result.pause_flips_per_hour == pytest.approx(3 * 3600 / 16)
+    assert result.overloaded_seconds == 0.0
+    # a longer window: s2's last sample (at 9 s) stands 5 s at most, to 14 s: 4 s past the grace
+    longer = dataclasses.replace(run, end=115.0)
+    assert measure(longer, "case").overloaded_seconds == pytest.approx(4.0)
+
+
 def test_server_states_over_time() -> None:
     s2 = a_run().servers[1]
     assert [state_at(s2, t) for t in (103.0, 104.5, 105.5, 109.0)] == [

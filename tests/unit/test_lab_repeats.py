@@ -123,6 +123,9 @@ def test_results_table_and_files_with_repeats(tmp_path: Path) -> None:
     assert read_results(tmp_path) == runs
     (tmp_path / "results.json").write_text(json.dumps({"cases": {"t1-a": result(1.0).as_dict()}}))
     assert read_results(tmp_path) == {"t1-a": [result(1.0)]}  # a file from before repeats
+    older = {k: v for k, v in result(1.0).as_dict().items() if k != "pause_flips"}
+    (tmp_path / "results.json").write_text(json.dumps({"cases": {"t1-a": [older]}}))
+    assert read_results(tmp_path)["t1-a"][0].pause_flips == 0  # from before pause flips
 
 
 def test_planning_cases_times_repeats_and_the_eta() -> None:
@@ -153,6 +156,13 @@ def test_the_step_load_outgrows_the_first_servers_quickly() -> None:
     load = plan.load
     assert load.duration == 240 and load.peak == 160 and load.every == 30
     assert (load.start, load.step, load.count) == (32, 32, 4)
+
+
+def test_a_constant_load_holds_the_peak_for_the_whole_run() -> None:
+    plan = ExperimentPlan(out=Path("/x"), case_duration=600, peak_users=100, constant_load=True)
+    load = plan.load
+    assert load.duration == 600 and load.peak == 100
+    assert [load.users_at(t) for t in (0, 299, 599, 600)] == [100, 100, 100, None]
 
 
 def test_unbound_config_keeps_or_rotates_and_asks_the_labs_pdns(tmp_path: Path) -> None:

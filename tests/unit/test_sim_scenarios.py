@@ -4,13 +4,14 @@ the metrics and the command line."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from cli.main import main
 from dnslb.errors import ConfigError
-from evaluation.columns import ResponseStats, busiest_over_mean
+from evaluation.columns import ResponseStats, busiest_over_mean, overloaded_seconds
 from sim.runner import SUITES
 from sim.scenario import (
     SCENARIO_DIR,
@@ -132,6 +133,28 @@ def test_response_bands_and_percentiles() -> None:
 )
 def test_busiest_over_mean(samples: dict[str, list[tuple[float, float]]], expected: float) -> None:
     assert busiest_over_mean(samples, window=10, until=10) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("points", "until", "expected"),
+    [
+        pytest.param([(0, 1.6), (5, 1.6), (10, 1.0)], 20, 0.0, id="10-s-is-not-more"),
+        pytest.param([(0, 1.6), (5, 1.6), (10, 1.6), (12, 1.0)], 20, 2.0, id="past-the-grace"),
+        pytest.param([(0, 2.0), (4, 2.0), (8, 2.0), (12, 2.0)], 14, 4.0, id="to-the-end"),
+        pytest.param([(0, 1.5), (5, 1.5), (10, 1.5), (15, 1.0)], 30, 0.0, id="at-the-level"),
+        pytest.param(
+            [(0, 1.6), (5, 1.6), (6, 1.0), (7, 1.6), (12, 1.6), (15, 1.0)], 20, 0.0, id="apart"
+        ),
+        pytest.param([(0, 1.6), (30, 1.6), (40, 1.0)], 40, 0.0, id="a-gap-ends-a-spell"),
+        pytest.param([(0, 1.6), (5, math.nan), (10, 1.6), (15, 1.6)], 20, 0.0, id="nan-ends-it"),
+    ],
+)
+def test_overloaded_seconds(
+    points: list[tuple[float, float]], until: float, expected: float
+) -> None:
+    assert overloaded_seconds({"a": points}, until) == pytest.approx(expected)
+    both = overloaded_seconds({"a": points, "b": points}, until)
+    assert both == pytest.approx(2 * expected)
 
 
 def test_command_writes_results_and_plots(
