@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any
 from dnslb.config import checked, default_of
 from evaluation.columns import CaseResult
 from lab.command import add_lab_ports, add_load_arguments, lab_settings
-from lab.experiments import Case, ExperimentPlan, read_results, run_experiments, select_cases
+from lab.experiments import (
+    Case,
+    ExperimentPlan,
+    read_results,
+    run_experiments,
+    select_cases,
+    servers_range,
+)
 from lab.loadtest.run import LoadTest
 from lab.repeats import Interval, cell, ci_table, interval
 from lab.settings import default_workdir
@@ -266,8 +273,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     print(
         f"dnslb calibrate: {', '.join(case.key for case in cases)}; {plan.repeats} runs each of "
-        f"{plan.case_duration:g} s, up to {plan.load.peak} users, 1-{plan.lab.scaling.max_servers} "
-        f"servers, {plan.lab.resolvers} resolvers "
+        f"{plan.case_duration:g} s, up to {plan.load.peak} users, "
+        f"{servers_range(plan.lab)} servers, {plan.lab.resolvers} resolvers "
         f"({'rotating' if plan.lab.rrset_roundrobin else 'keeping'} the order)",
         flush=True,
     )

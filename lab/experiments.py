@@ -221,6 +221,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 hours (full), by :meth:`ExperimentPlan.estimate`."""
 
 
+def servers_range(lab: LabSettings) -> str:
+    """The pool's size as the autoscaler may set it: ``4`` for a fixed pool, ``1-10``."""
+    low, high = lab.scaling.min_servers, lab.scaling.max_servers
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def run_case(case: Case, plan: ExperimentPlan, repeat: int = 1) -> CaseResult:
     """Run one case once in a fresh lab (seed ``repeat``); its files stay in
     ``plan.out / case.key / run-REPEAT``."""
@@ -293,7 +299,7 @@ def run_experiments(plan: ExperimentPlan, cases: list[Case]) -> int:
     print(
         f"dnslb experiments: {len(cases)} cases x {plan.repeats} repeats of "
         f"{plan.case_duration:g} s ({load.start} users, +{load.step} every {load.every:g} s up "
-        f"to {load.peak}); 1-{plan.lab.scaling.max_servers} servers, "
+        f"to {load.peak}); {servers_range(plan.lab)} servers, "
         f"{plan.lab.resolvers} resolvers; about {plan.estimate(len(cases)) / 60:.0f} min; "
         f"results in {out}",
         flush=True,

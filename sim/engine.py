@@ -151,6 +151,7 @@ class Simulation:
         self.tick_queries = [0] * ticks
         self.ttl_total = 0.0
         self.saturated = 0.0
+        self.pause_flip_times: list[float] = []  # simulated seconds (after run())
         self.events_done = 0
         self.series_times: list[float] = []
         self.series_counts: list[tuple[int, int, int, int, int]] = []
@@ -691,11 +692,14 @@ class Simulation:
         self.double_launches = sum(1 for count in launches.values() if count > 1)
 
     def _pause_flips(self) -> int:
-        """The manager's pause verdicts changed during the run (the warm-up's left out)."""
+        """The manager's pause verdicts changed during the run (the warm-up's left out); their
+        simulated times are kept in :attr:`pause_flip_times`."""
         if self.product is None:
             return 0
         events = self.product.manager.store.events(kinds=["paused", "resumed"], limit=10_000_000)
-        return sum(1 for event in events if event.time >= WALL + BASE)  # simulated second 0
+        start = WALL + BASE  # simulated second 0
+        self.pause_flip_times = sorted(e.time - start for e in events if e.time >= start)
+        return len(self.pause_flip_times)
 
     def _result(self, end: float) -> RunResult:
         scenario = self.scenario
