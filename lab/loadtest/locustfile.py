@@ -308,5 +308,4 @@ class StepShape(LoadTestShape):
         users = load.users_at(self.get_run_time())  # type: ignore[no-untyped-call]
         if users is None:
             return None
-        # Users of a step arrive within a second or two, not all in one instant.
-        return users, max(1.0, float(options.step_users))
+        return users, load.spawn_rate

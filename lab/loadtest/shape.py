@@ -34,6 +34,13 @@ class StepLoad:
         return self.start + self.count * self.step
 
     @property
+    def spawn_rate(self) -> float:
+        """Users a second locust starts: those of the start, and of each step, arrive within
+        about a second, as the simulator's users do (a constant load of 100 users started at
+        one a second had the lab's resolvers asking 1 s apart, the simulator's together)."""
+        return max(1.0, float(self.start), float(self.step))
+
+    @property
     def duration(self) -> float:
         """Seconds from the start to the end of the test."""
         return self.count * self.every + self.every + self.hold

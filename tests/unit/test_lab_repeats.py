@@ -163,6 +163,8 @@ def test_a_constant_load_holds_the_peak_for_the_whole_run() -> None:
     load = plan.load
     assert load.duration == 600 and load.peak == 100
     assert [load.users_at(t) for t in (0, 299, 599, 600)] == [100, 100, 100, None]
+    assert load.spawn_rate == 100  # all of them within a second, as in the simulator
+    assert ExperimentPlan(out=Path("/x"), peak_users=160).load.spawn_rate == 32
 
 
 def test_unbound_config_keeps_or_rotates_and_asks_the_labs_pdns(tmp_path: Path) -> None:
