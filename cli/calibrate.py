@@ -301,10 +301,12 @@ def run(args: argparse.Namespace) -> int:
         status = run_experiments(plan, cases)
         measured = read_results(plan.out)
     apart = []
+    missing = []
     for case in cases:
         lab_runs = measured.get(case.key, [])
         if not lab_runs:
             print(f"\n{case.key}: no lab run to compare with", file=sys.stderr)
+            missing.append(case.key)
             status = 1
             continue
         print(f"\n{case.label}\n{comparison(case.key, lab_runs, simulated[case.key])}")
@@ -313,5 +315,10 @@ def run(args: argparse.Namespace) -> int:
         "\n* the columns issue 16 judges (cost, mean response, share < 3 s, busiest/mean); "
         f"! more than {GOAL * 100:.0f} % apart"
     )
-    print("all judged columns within 15 %" if not apart else f"apart: {', '.join(apart)}")
+    if apart:
+        print(f"apart: {', '.join(apart)}")
+    if missing:
+        print(f"not compared (no lab run): {', '.join(missing)}")
+    elif not apart:
+        print("all judged columns within 15 %")
     return status

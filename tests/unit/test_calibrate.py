@@ -141,3 +141,23 @@ def test_the_command_compares_with_an_earlier_lab_run(
     assert status == 0
     assert "all judged columns within 15 %" in out
     assert "+0.0 %" in out
+    # A case the lab did not run is not called within 15 %.
+    missing = main(
+        [
+            "calibrate",
+            "--cases",
+            "t3-c|t1-a",
+            "--repeats",
+            "2",
+            "--case-duration",
+            "40",
+            "--peak-users",
+            "10",
+            "--lab-results",
+            str(tmp_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert missing == 1
+    assert "not compared (no lab run): t1-a" in out
+    assert "all judged columns within 15 %" not in out
