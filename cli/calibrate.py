@@ -285,10 +285,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.sim_only:
         print(f"\n{ci_table(simulated)}")
+        formats = {attr: fmt for _, attr, fmt in ROWS}
         for case in cases:  # the columns of ROWS the paper's table does not have
             summary = summarize(simulated[case.key])
-            flips = cell(summary["pause_flips_per_hour"], "{:.1f}")
-            overloaded = cell(summary["overloaded_seconds"], "{:.0f}")
+            flips = cell(summary["pause_flips_per_hour"], formats["pause_flips_per_hour"])
+            overloaded = cell(summary["overloaded_seconds"], formats["overloaded_seconds"])
             print(
                 f"{case.key}: {flips} pause flips per server-hour, {overloaded} server-s above "
                 "utilization 1.5 past 10 s"

@@ -122,41 +122,31 @@ def test_the_command_compares_with_an_earlier_lab_run(
     runs = simulate(plan, [PRODUCT])
     results = {"cases": {"t3-c": [run.as_dict() for run in runs["t3-c"]]}}
     (tmp_path / "results.json").write_text(json.dumps(results))
-    status = main(
-        [
-            "calibrate",
-            "--cases",
-            "t3-c",
-            "--repeats",
-            "2",
-            "--case-duration",
-            "40",
-            "--peak-users",
-            "10",
-            "--lab-results",
-            str(tmp_path),
-        ]
-    )
+
+    def calibrate(cases: str) -> int:
+        return main(
+            [
+                "calibrate",
+                "--cases",
+                cases,
+                "--repeats",
+                "2",
+                "--case-duration",
+                "40",
+                "--peak-users",
+                "10",
+                "--lab-results",
+                str(tmp_path),
+            ]
+        )
+
+    status = calibrate("t3-c")
     out = capsys.readouterr().out
     assert status == 0
     assert "all judged columns within 15 %" in out
     assert "+0.0 %" in out
     # A case the lab did not run is not called within 15 %.
-    missing = main(
-        [
-            "calibrate",
-            "--cases",
-            "t3-c|t1-a",
-            "--repeats",
-            "2",
-            "--case-duration",
-            "40",
-            "--peak-users",
-            "10",
-            "--lab-results",
-            str(tmp_path),
-        ]
-    )
+    missing = calibrate("t3-c|t1-a")
     out = capsys.readouterr().out
     assert missing == 1
     assert "not compared (no lab run): t1-a" in out
