@@ -133,6 +133,21 @@ class ServerLoad:
     resumed_at: float | None = None  # monotonic time it last resumed
 
 
+def capacity_limit(capacities: list[int], spread: float) -> int | None:
+    """The most max concurrency a server's (or node's) own report may count for: ``spread``
+    times the lower median of ``capacities`` (those of its pool or cluster), rounded up; None
+    when there are none. Sorts ``capacities`` in place.
+
+    A weight is max concurrency times spare capacity, so an agent claiming 10^9 would draw
+    nearly every answer (or connection). The lower median is what most say, which a minority,
+    one of two included, cannot raise.
+    """
+    if not capacities:
+        return None
+    capacities.sort()
+    return math.ceil(capacities[(len(capacities) - 1) // 2] * spread)
+
+
 def smooth(previous: float, sample: float, elapsed: float, time_constant: float) -> float:
     """Exponential moving average over time: the weight of the past decays as exp(-t / tau)."""
     if time_constant <= 0 or elapsed <= 0:

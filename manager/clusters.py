@@ -91,6 +91,7 @@ from dnslb.dispatch import (
 )
 from dnslb.errors import DnslbError, ProtocolError
 from dnslb.plan import MAX_TIME, show, text_problem
+from dnslb.policy import capacity_limit
 from dnslb.report import MAX_COUNT, MAX_SEQ, Report, TableHeld, id_problem
 from dnslb.tls import client_context, verification_failure
 
@@ -172,6 +173,13 @@ class ClusterSettings:
     )
     retry_after: float = setting(
         0.2, help="seconds before a failed push to a node is tried again", min=0.0, max=3600.0
+    )
+    capacity_spread: float = setting(
+        4.0,
+        help="a node's reported capacity counts for at most this multiple of the live nodes' "
+        "median (a node with a configured max_concurrency is not bounded)",
+        min=1.0,
+        max=1e9,
     )
     stuck_after: float = setting(
         5.0, help="seconds a live node may go without taking our table", min=0.01, max=3600.0
@@ -483,14 +491,28 @@ class ClusterController:
             if self._serving(state, now) and not self._stuck(state, now)
         )
 
+    def _capacities(self, states: list[_Node]) -> list[int]:
+        """What the nodes' capacities count for: a reported one at most ``capacity_spread``
+        times the nodes' median (:func:`~dnslb.policy.capacity_limit`), a configured cap as
+        configured."""
+        capacities = [state.max_concurrency for state in states]
+        limit = capacity_limit(capacities, self.settings.capacity_spread)
+        return [
+            state.max_concurrency
+            if limit is None or state.node.max_concurrency is not None
+            else min(limit, state.max_concurrency)
+            for state in states
+        ]
+
     def weights(self, now: float) -> dict[str, float]:
         """Dispatch weights of the live nodes: spare capacity with a floor."""
         floor = self.settings.weight_floor
         result: dict[str, float] = {}
-        for node_id in self.alive(now):
-            state = self._nodes[node_id]
+        alive = self.alive(now)
+        states = [self._nodes[node_id] for node_id in alive]
+        for node_id, state, capacity in zip(alive, states, self._capacities(states), strict=True):
             spare = max(floor, 1.0 - (state.utilization or 0.0))
-            result[node_id] = max(1, state.max_concurrency) * spare
+            result[node_id] = max(1, capacity) * spare
         return result
 
     def load(self, now: float | None = None) -> tuple[int, int] | None:
@@ -498,12 +520,15 @@ class ClusterController:
         bounds (capacity at most 10^9, the ratio kept); None when no node is alive."""
         now = self.clock() if now is None else now
         states = [self._nodes[node_id] for node_id in self.alive(now)]
-        capacity = sum(state.max_concurrency for state in states)
+        capacities = self._capacities(states)
+        capacity = sum(capacities)
         if not capacity:
             return None
         # A node counts as full at most: one node cannot make the cluster look busier than
         # all of its capacity being in use (the cluster is one DNS member, paused when busy).
-        in_progress = sum(min(state.in_progress, state.max_concurrency) for state in states)
+        in_progress = sum(
+            min(state.in_progress, bound) for state, bound in zip(states, capacities, strict=True)
+        )
         if capacity > MAX_COUNT:  # the manager reports this for the cluster's DNS member
             in_progress, capacity = in_progress * MAX_COUNT // capacity, MAX_COUNT
         return in_progress, capacity

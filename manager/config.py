@@ -312,6 +312,13 @@ class ClusterNodeConfig:
     id: str = setting(help="node id (in tables; its node agent reports under it)")
     agent_url: str = setting(help="its node agent's URL, e.g. https://10.0.0.11:8701")
     token: Secret = setting(help="the node agent's token: authenticates pushes and its reports")
+    max_concurrency: int | None = setting(
+        None,
+        help="the most its reported capacity counts for, not bounded by capacity_spread "
+        "(default: what its agent reports, bounded by capacity_spread)",
+        min=1,
+        max=10**9,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +350,14 @@ class ClusterConfig:
         1.0, help="seconds a node (back) in service must stay alive before it joins", min=0.0
     )
     push_timeout: float = setting(1.0, help="seconds a table push may take", min=0.01)
+    capacity_spread: float = setting(
+        4.0,
+        help="a node's reported max_concurrency counts for at most this multiple of the live "
+        "nodes' median (a node agent that claimed 10^9 would draw nearly every connection); "
+        "raise it for nodes that differ more, or configure nodes' max_concurrency",
+        min=1.0,
+        max=1e9,
+    )
     ca_file: FileReference | None = setting(
         None,
         help="CA certificate(s) that node agents' https:// listeners are verified with (null: "
@@ -382,7 +397,9 @@ class ClusterConfig:
             name=self.name,
             vip=self.vip,
             nodes=tuple(
-                ClusterNode(node.id, node.agent_url.rstrip("/"), node.token.reveal())
+                ClusterNode(
+                    node.id, node.agent_url.rstrip("/"), node.token.reveal(), node.max_concurrency
+                )
                 for node in self.nodes
             ),
             seed=self.seed,
@@ -393,6 +410,7 @@ class ClusterConfig:
             rebalance_threshold=self.rebalance_threshold,
             join_after=self.join_after,
             push_timeout=self.push_timeout,
+            capacity_spread=self.capacity_spread,
         )
 
 
@@ -554,6 +572,15 @@ class PoolConfig:
     )
     geoip: GeoIpConfig | None = setting(
         None, help="a MaxMind-format database locating the clients no network holds"
+    )
+    capacity_spread: float = setting(
+        4.0,
+        help="a server's reported max_concurrency counts for at most this multiple of the "
+        "pool's median (an agent that claimed 10^9 would draw nearly every answer); raise it "
+        "for a pool whose servers differ more, or configure members' max_concurrency, which is "
+        "not bounded",
+        min=1.0,
+        max=1e9,
     )
 
     def plan_networks(self) -> tuple[Network, ...]:

@@ -108,6 +108,11 @@ def server_reason(
         assert shares is not None
         factor = share_factor(server.share, policy) if policy is not None else 1.0
         corrected = f" (x{factor:.2f} share correction)" if round(factor, 2) != 1 else ""
+        if server.capacity_bounded and server.report is not None:
+            corrected += (
+                f" (it reports max concurrency {server.report.max_concurrency}, counted as "
+                f"{server.max_concurrency}: its pool's capacity_spread times the pool's median)"
+            )
         why = (
             f"answered: weight {member.weight:g}{corrected}, TTL {member.ttl} s; first in "
             f"{shares.first:.0%} and in {shares.seen:.0%} of the answers"

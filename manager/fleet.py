@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from dnslb.config import Secret
 from dnslb.model import Event, ServerState
-from dnslb.policy import PoolPolicy, ServerLoad
+from dnslb.policy import PoolPolicy, ServerLoad, capacity_limit
 from dnslb.report import MAX_SERVED, Report
 from dnslb.tokens import token_hash, token_matches
 from manager.config import PoolConfig
@@ -48,6 +48,9 @@ class ServerRuntime:
     share: float = 0.0
     # ((id, address), problems) of its plan member: see manager.planner._member_problems
     member_check: tuple[tuple[str, str], tuple[str, ...]] | None = None
+    # The most max concurrency its reports count for (PoolConfig.capacity_spread times its
+    # pool's median, set each tick by PoolRuntime.bound_capacities); None: no bound yet
+    capacity_limit: int | None = None
 
     def count_served(self, total: int | None) -> None:
         """Fold an agent's ``served_total`` counter in; a counter that went back restarted."""
@@ -70,9 +73,27 @@ class ServerRuntime:
 
     @property
     def max_concurrency(self) -> int | None:
+        """The max concurrency it counts for: configured (trusted), else reported, at most its
+        ``capacity_limit`` (an agent may say anything, and weights and pool capacity follow it)."""
         if self.record.max_concurrency is not None:
             return self.record.max_concurrency
-        return self.report.max_concurrency if self.report is not None else None
+        reported = self.report.max_concurrency if self.report is not None else None
+        limit = self.capacity_limit
+        if reported is not None and limit is not None and reported > limit:
+            return limit
+        return reported
+
+    @property
+    def capacity_bounded(self) -> bool:
+        """Whether its reported max concurrency counts for less than it says."""
+        reported = self.report.max_concurrency if self.report is not None else None
+        limit = self.capacity_limit
+        return (
+            self.record.max_concurrency is None
+            and reported is not None
+            and limit is not None
+            and reported > limit
+        )
 
 
 @dataclass(slots=True)
@@ -82,6 +103,7 @@ class PoolRuntime:
     # The static members' locations by id, for the config they were read from (looking each one
     # up in the members' tuple made every plan O(members squared)).
     _locations: tuple[PoolConfig, dict[str, str | None]] | None = None
+    _clusters: tuple[PoolConfig, frozenset[str]] | None = None  # the same for cluster members
     # The mean utilization of its active servers at the last tick (None: none reported):
     # the pause threshold is relative to it (dnslb.policy.pause_threshold).
     mean_utilization: float | None = None
@@ -108,6 +130,38 @@ class PoolRuntime:
     @property
     def policy(self) -> PoolPolicy:
         return self.config.policy
+
+    def bound_capacities(self) -> int | None:
+        """Bound what its servers' reports may claim as max concurrency
+        (:func:`~dnslb.policy.capacity_limit` of its servers' capacities, configured or
+        reported, and ``capacity_spread``); returns the bound (None: no server said one).
+
+        Weights and the autoscaler's view of the pool's capacity follow the bounded value. A
+        configured ``max_concurrency`` is the operator's word and is not bounded; a single-IP
+        cluster's member neither (its capacity is its nodes', which its controller bounds).
+        """
+        clustered = self._clustered()
+        capacities = []
+        for server in self.servers.values():
+            configured = server.record.max_concurrency
+            if configured is not None:
+                capacities.append(configured)
+            elif server.id in clustered:
+                continue
+            elif server.report is not None and server.report.max_concurrency is not None:
+                capacities.append(server.report.max_concurrency)
+        limit = capacity_limit(capacities, self.config.capacity_spread)
+        for server in self.servers.values():
+            server.capacity_limit = None if server.id in clustered else limit
+        return limit
+
+    def _clustered(self) -> frozenset[str]:
+        """Ids of its members that stand for a single-IP cluster (computed once per config)."""
+        cached = self._clusters
+        if cached is None or cached[0] is not self.config:
+            members = frozenset(m.id for m in self.config.members if m.cluster is not None)
+            cached = self._clusters = (self.config, members)
+        return cached[1]
 
 
 class Fleet:

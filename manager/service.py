@@ -603,6 +603,7 @@ class Manager:
         with self.store.batch():
             self._isolated("clusters", "cluster load", self._feed_clusters, now, wall)
             for pool in self.fleet.pools.values():
+                self._isolated(f"pool {pool.name}", "capacity", pool.bound_capacities)
                 for server in list(pool.servers.values()):
                     self._isolated(server.id, "server", self._assess, pool, server, now, wall)
                 pool.mean_utilization, pool.serving, unpaused = _pool_load(

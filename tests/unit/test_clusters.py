@@ -348,6 +348,27 @@ def test_a_fully_loaded_node_keeps_the_floor_weight():
     )
 
 
+def test_a_node_claiming_a_huge_capacity_draws_no_more_than_its_bound():
+    """A node agent that claims 10^9 (its token stolen) counts for capacity_spread (4) times
+    the live nodes' median, in its weight and in the cluster's load; a configured cap is the
+    operator's word and is not bounded."""
+    cluster = Cluster(smoothing=1.0)
+    cluster.beat()
+    cluster.controller.observe(Report("n1", 10**6, cluster.clock.now, 0, 10**9))
+    assert cluster.controller.weights(cluster.clock.now) == pytest.approx(
+        {"n1": 400.0, "n2": 100.0, "n3": 100.0}
+    )
+    assert cluster.controller.load() == (0, 600)
+    capped = tuple(
+        replace(node, max_concurrency=5000) if node.node_id == "n1" else node
+        for node in settings().nodes
+    )
+    cluster = Cluster(smoothing=1.0, nodes=capped)
+    cluster.beat()
+    cluster.controller.observe(Report("n1", 10**6, cluster.clock.now, 0, 10**9))
+    assert cluster.controller.weights(cluster.clock.now)["n1"] == pytest.approx(5000.0)
+
+
 def test_reports_from_strangers_are_refused():
     cluster = Cluster()
     with pytest.raises(ProtocolError, match="not a node of vip-1"):

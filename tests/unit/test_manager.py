@@ -449,6 +449,36 @@ def test_a_cluster_member_carries_its_nodes_load(
     )
 
 
+def test_a_cluster_member_is_bounded_by_its_nodes_not_by_its_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster's capacity is its nodes' (each node's at most its configured max_concurrency):
+    many times a single server's, which the pool's capacity_spread must not cut."""
+    node_token = "node-secret-0123456789abcdef"
+    monkeypatch.setenv("DNSLB_TEST_NODE_TOKEN", node_token)
+    config = CLUSTER_CONFIG.replace(
+        '{id: n1, agent_url: "http://127.0.0.1:1",',
+        '{id: n1, max_concurrency: 500, agent_url: "http://127.0.0.1:1",',
+    )
+    assert "max_concurrency: 500" in config
+    lab = Lab(tmp_path, config)
+    for seq in range(1, 4):
+        lab.report("s1", 10)
+        for node in ("n1", "n2"):
+            body = {
+                "server_id": node,
+                "seq": seq,
+                "time": lab.clock.time(),
+                "in_progress": 0,
+                "max_concurrency": 1000,
+                "table": {"cluster": "vip-1", "version": 0},
+            }
+            lab.manager.ingest.accept(node_token, json.dumps(body).encode())
+        lab.step(0.1)
+    assert lab.manager.fleet.servers["vip-1"].max_concurrency == 1500  # n1 500, n2 1000
+    assert lab.manager.fleet.servers["s1"].max_concurrency == 100
+
+
 def test_cluster_config_mistakes_are_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from dnslb.plan import parse_plan_json
+from manager.control import Control
 from manager.ingest import Rejected
 from manager.service import Manager
-from tests.unit.test_manager import S3_TOKEN, TOKEN, Lab
+from tests.unit.test_manager import CONFIG, S3_TOKEN, TOKEN, Lab
 
 
 @pytest.fixture(autouse=True)
@@ -76,17 +77,62 @@ def test_out_of_range_reports_are_refused_and_store_nothing(
     assert published(lab) == lab.manager.version
 
 
-def test_the_largest_bounded_report_still_gives_a_servable_plan(lab: Lab) -> None:
-    """max_concurrency up to 10^9 for a member without a configured max: its weight is at most
-    10^9, which every pipe backend compiles."""
+def test_the_largest_bounded_report_still_gives_a_servable_plan(tmp_path: Path) -> None:
+    """max_concurrency up to 10^9 for a member without a configured max, in a pool that lets
+    reports claim anything (capacity_spread at its maximum): its weight is at most 10^9, which
+    every pipe backend compiles."""
+    spread = "    capacity_spread: 1000000000\n    members:"
+    lab = Lab(tmp_path, CONFIG.replace("    members:", spread))
+    lab.report_all()
+    lab.step()
     lab.report("s1", 0, max_concurrency=10**9)
     lab.report("s2", 10**9, max_concurrency=1)
-    lab.report("s3", 10)
+    lab.report("s3", 10, max_concurrency=10**9)
     lab.step()
     plan = parse_plan_json((lab.tmp_path / "plan.json").read_bytes())
     weights = {m.id: m.weight for m in plan.pools[0].members}
     assert weights["s1"] == pytest.approx(1e9, rel=0.01)
     assert lab.manager.plans_refused == 0
+
+
+def test_a_server_claiming_a_huge_capacity_draws_no_more_than_its_bound(lab: Lab) -> None:
+    """A weight is max concurrency times spare capacity: an agent (its token stolen, or its
+    server compromised) that claims 10^9 must not draw every answer of its pool. It counts for
+    capacity_spread (4) times the pool's median, in its weight and in the autoscaler's view."""
+    lab.report("s1", 0, max_concurrency=10**9)
+    lab.report("s2", 10)
+    lab.report("s3", 10)
+    lab.step()
+    weights = {server: weight for server, (_, weight, _) in lab.members().items()}
+    assert weights == {"s1": 400.0, "s2": 90.0, "s3": 90.0}
+    server = lab.manager.fleet.servers["s1"]
+    assert server.max_concurrency == 400 and server.capacity_bounded
+    assert not lab.manager.fleet.servers["s2"].capacity_bounded
+    assert lab.manager.plans_refused == 0
+    why = Control(lab.manager).server("s1").why
+    assert "it reports max concurrency 1000000000, counted as 400" in why, why
+    # Two liars of three are a majority: the median is theirs (nothing tells them apart).
+    lab.report("s2", 0, max_concurrency=10**9)
+    lab.step()
+    assert lab.members()["s1"][1] == pytest.approx(1e9, rel=0.01)
+    # A server claiming less than the others lowers nobody's bound but its own weight.
+    lab.report_all()
+    lab.report("s1", 0, max_concurrency=1)
+    lab.step()
+    weights = {server: weight for server, (_, weight, _) in lab.members().items()}
+    assert weights == {"s1": 1.0, "s2": 90.0, "s3": 90.0}
+
+
+def test_a_configured_max_concurrency_is_not_bounded(tmp_path: Path) -> None:
+    """The operator's word is trusted: a member configured far above its pool keeps it."""
+    config = CONFIG.replace(
+        "{id: s1, address: 10.0.0.1}", "{id: s1, address: 10.0.0.1, max_concurrency: 5000}"
+    )
+    lab = Lab(tmp_path, config)
+    lab.report_all()
+    lab.step()
+    assert lab.members()["s1"][1] == 4500.0  # 5000 x (1 - 0.1)
+    assert not lab.manager.fleet.servers["s1"].capacity_bounded
 
 
 def test_a_lone_surrogate_in_an_error_is_kept_readable(lab: Lab) -> None:
