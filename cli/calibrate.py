@@ -12,9 +12,12 @@ field by field, so that nothing is described twice:
   ``boot_delay`` s; the autoscaler and the pool's policy as the lab's manager has them;
 - the users: the load test's step load, think time, TTL-ignoring share and hold, timeout and
   first-address choice (:class:`lab.loadtest.run.LoadTest`'s defaults, which the lab's runs use);
-- the resolvers: as many as the lab's unbound instances, each user bound to one, all starting
-  empty, keeping the answer's order or rotating it (``rrset_roundrobin``); with no resolvers
-  (users ask pdns), a resolver per user at the peak, which is each user's own cache.
+- the resolvers: as many as the lab's unbound instances, each user bound to one, keeping the
+  answer's order or rotating it (``rrset_roundrobin``), out of phase (``staggered``: each starts
+  with an answer expiring at a random moment of its TTL, in the lab a real answer of pdns put
+  in its cache) or all starting empty (``--together``);
+  with no resolvers (users ask pdns), a resolver per user at the peak, which is each user's
+  own cache.
 
 Then it runs both (the lab through ``dnslb experiments``' own runner, or reads an earlier run's
 ``results.json`` with ``--lab-results``; the simulator with seeds 1 to ``repeats``) and prints,
@@ -118,7 +121,7 @@ def scenario_for(plan: ExperimentPlan, case: Case) -> Scenario:
             resolvers=ResolverConfig(
                 count=resolvers,
                 order="cyclic" if lab.rrset_roundrobin else "fixed",
-                staggered=False,
+                staggered=plan.staggered and bool(lab.resolvers),
             ),
             servers=ServerConfig(
                 initial=lab.scaling.min_servers,
@@ -267,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
             peak_users=args.peak_users,
             constant_load=args.constant_load,
             repeats=args.repeats,
+            staggered=not args.together,
         ),
         "calibrate",
     )
@@ -275,7 +279,8 @@ def run(args: argparse.Namespace) -> int:
         f"dnslb calibrate: {', '.join(case.key for case in cases)}; {plan.repeats} runs each of "
         f"{plan.case_duration:g} s, up to {plan.load.peak} users, "
         f"{servers_range(plan.lab)} servers, {plan.lab.resolvers} resolvers "
-        f"({'rotating' if plan.lab.rrset_roundrobin else 'keeping'} the order)",
+        f"({'rotating' if plan.lab.rrset_roundrobin else 'keeping'} the order, "
+        f"{'warmed out of phase' if plan.staggered else 'starting together'})",
         flush=True,
     )
     simulated = simulate(plan, cases, jobs=max(1, args.jobs))

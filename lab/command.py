@@ -494,6 +494,12 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         help="the peak's users for the whole run instead of the step load (pausing at a load "
         "held, on a fixed pool with --min-servers and --max-servers)",
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="start every resolver empty, so that they ask together (default: each starts "
+        "with a real answer expiring at a random moment of its TTL, out of phase)",
+    )
 
 
 def run_experiments(args: argparse.Namespace) -> int:
@@ -532,6 +538,7 @@ def experiment_plan(args: argparse.Namespace) -> ExperimentPlan:
         peak_users=args.peak_users,
         constant_load=args.constant_load,
         repeats=preset.get("repeats", args.repeats),
+        staggered=not args.together,
     )
     return _checked(plan, EXPERIMENT_OPTIONS)
 

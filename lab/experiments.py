@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import random
 import re
 import sys
 import time
@@ -29,10 +31,12 @@ from typing import Any
 from dnslb.config import checked, default_of, setting
 from dnslb.errors import ConfigError, DnslbError
 from evaluation.columns import CaseResult, markdown_table, table
+from lab.loadtest.resolver import Lookup, dns_lookup
 from lab.loadtest.run import LoadTest, run_loadtest
 from lab.loadtest.shape import StepLoad
 from lab.repeats import ci_table, orderings, summarize
 from lab.report import load_run, write_report
+from lab.resolvers import Resolvers
 from lab.runner import Lab
 from lab.settings import LabSettings
 
@@ -180,6 +184,12 @@ class ExperimentPlan:
         False, help="peak_users for the whole run instead of the step load"
     )
     repeats: int = setting(5, help="runs of each case (means and 95 % intervals)", min=1, max=50)
+    staggered: bool = setting(
+        True,
+        help="each resolver starts with a real answer that expires at a random moment of its "
+        "TTL, out of phase with the others, as resolvers in the wild are (false: every "
+        "resolver starts empty and asks at the users' first queries, all together)",
+    )
 
     @property
     def load(self) -> StepLoad:
@@ -235,6 +245,9 @@ def run_case(case: Case, plan: ExperimentPlan, repeat: int = 1) -> CaseResult:
     lab = Lab(settings, say=lambda text: None)
     try:
         lab.start()
+        if plan.staggered and lab.resolvers is not None:
+            pdns = dns_lookup("127.0.0.1", settings.dns_port)
+            warm_resolvers(lab.resolvers, settings.dns_name, pdns, random.Random(repeat))
         test = LoadTest(
             out=directory / "loadtest",
             dns_server=lab.info.dns_servers() if lab.info else f"127.0.0.1:{settings.dns_port}",
@@ -251,6 +264,28 @@ def run_case(case: Case, plan: ExperimentPlan, repeat: int = 1) -> CaseResult:
     return write_report(
         load_run(settings.workdir, directory / "loadtest"), directory / "report", name=case.key
     )
+
+
+def warm_resolvers(
+    resolvers: Resolvers, name: str, lookup: Lookup, rng: random.Random
+) -> list[int]:
+    """Start each resolver with an answer for ``name`` that expires at a moment of its TTL
+    drawn uniformly, independently of the others; returns the TTLs left, in the resolvers'
+    order.
+
+    Each answer is a real one (``lookup`` asks pdns, once a resolver, so each gets the answer
+    its own query would have), put in the resolver's cache with ``1 + floor(uniform(0, TTL))``
+    seconds left: as if each had asked at a random moment of the last TTL, as resolvers in the
+    wild are out of phase, and as the simulator's resolvers start (``staggered``). Left empty,
+    every resolver asks at the users' first queries and again when that answer expires, all
+    together: round-robin's users then move in one block each TTL.
+    """
+    answers = [lookup(name) for _ in resolvers.addresses]
+    left = [1 + math.floor(rng.uniform(0.0, answer.ttl)) for answer in answers]
+    resolvers.preload(
+        name, [(answer.addresses, ttl) for answer, ttl in zip(answers, left, strict=True)]
+    )
+    return left
 
 
 def select_cases(tables: str | None = None, pattern: str | None = None) -> list[Case]:
@@ -370,6 +405,7 @@ def _plan_document(plan: ExperimentPlan) -> dict[str, str]:
         "repeats": str(plan.repeats),
         "resolvers": str(lab.resolvers),
         "rrset_roundrobin": str(lab.rrset_roundrobin),
+        "staggered": str(plan.staggered),
         "think_time": str(default_of(LoadTest, "think_time")),
         "ignore_ttl": str(default_of(LoadTest, "ignore_ttl")),
         "max_servers": str(lab.scaling.max_servers),

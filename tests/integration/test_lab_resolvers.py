@@ -7,6 +7,7 @@ reach pdns: pdns's own ``udp-queries`` counter says so) and asked for again afte
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 import time
@@ -20,6 +21,8 @@ import pytest
 
 from daemons.pdns import PdnsServer, PdnsSettings
 from daemons.process import free_port, processes_mentioning
+from lab.experiments import warm_resolvers
+from lab.loadtest.resolver import dns_lookup
 from lab.resolvers import Resolvers
 from tests.conftest import plan_doc, write_plan
 
@@ -159,3 +162,41 @@ def test_rrset_roundrobin_rotates_or_keeps_the_order(
         assert len(set(orders)) == 2  # its two addresses, first in turn
     else:
         assert len(set(orders)) == 1  # pdns's order, kept for every client
+
+
+def test_resolvers_start_out_of_phase_with_real_answers_preloaded(
+    tmp_path: Path, pdns: PdnsServer
+) -> None:
+    """The experiments' warm-up (``staggered``): each resolver gets its own answer of pdns,
+    with a TTL left drawn at random, and serves it from its cache (pdns is not asked again),
+    in the order pdns gave it; the control sockets go when the resolvers stop."""
+    resolvers = start_resolvers(tmp_path, pdns, "127.0.73", rrset_roundrobin=False, count=3)
+    try:
+        pdns_lookup = dns_lookup("127.0.0.1", pdns.settings.port)
+        left = warm_resolvers(resolvers, NAME, pdns_lookup, random.Random(7))
+        assert len(left) == 3 and all(1 <= ttl <= 3 for ttl in left)
+        before = settle(pdns)
+        for number, ttl in enumerate(left):
+            addresses, served_ttl = ask(resolvers, number)
+            assert set(addresses) <= ADDRESSES and len(addresses) == 2
+            assert served_ttl <= ttl  # what was loaded, counting down
+        assert settle(pdns) == before  # every answer came from a cache
+        controls = resolvers.controls
+        assert controls is not None and len(list(controls.iterdir())) == 3
+    finally:
+        resolvers.stop()
+    assert not controls.exists()
+    assert processes_mentioning(str(tmp_path / "resolvers-127.0.73")) == []
+
+
+def test_a_preloaded_answer_keeps_its_order_for_every_client(
+    tmp_path: Path, pdns: PdnsServer
+) -> None:
+    resolvers = start_resolvers(tmp_path, pdns, "127.0.74", rrset_roundrobin=False)
+    try:
+        resolvers.preload(NAME, [(("10.0.0.3", "10.0.0.1"), 30)])
+        orders = {tuple(ask(resolvers, query_id=query_id)[0]) for query_id in range(4)}
+        assert orders == {("10.0.0.3", "10.0.0.1")}
+        assert 28 <= ask(resolvers)[1] <= 30
+    finally:
+        resolvers.stop()

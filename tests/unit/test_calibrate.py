@@ -34,7 +34,9 @@ def test_the_scenario_is_the_labs_experiment(tmp_path: Path) -> None:
     )
     assert scenario.load.peak(scenario.duration) == load.peak == 50
     assert (scenario.resolvers.count, scenario.resolvers.order) == (6, "cyclic")
-    assert not scenario.resolvers.staggered  # the lab's resolvers start empty
+    assert scenario.resolvers.staggered  # the lab warms its resolvers out of phase
+    together = scenario_for(dataclasses.replace(plan, staggered=False), PRODUCT)
+    assert not together.resolvers.staggered  # --together: every resolver starts empty
     assert scenario.servers.max_concurrency == lab.max_concurrency
     assert scenario.servers.boot_delay == 7
     assert scenario.servers.initial == lab.scaling.min_servers
@@ -50,7 +52,9 @@ def test_the_scenario_is_the_labs_experiment(tmp_path: Path) -> None:
     )
     assert kept.resolvers.order == "fixed"
     no_resolvers = dataclasses.replace(plan, lab=dataclasses.replace(lab, resolvers=0))
-    assert scenario_for(no_resolvers, PLAIN).resolvers.count == 50  # each user its own cache
+    own = scenario_for(no_resolvers, PLAIN).resolvers
+    assert own.count == 50  # each user its own cache, empty at the start as in the lab
+    assert not own.staggered
     # A case's autoscaling, as its lab run has it (Case.settings): the pool sized for a wait.
     target = next(case for case in CASES if case.key == "t4-target")
     sized = scenario_for(plan, target)
