@@ -26,12 +26,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dnslb.config import checked, default_of, setting
 from dnslb.errors import ConfigError, DnslbError
 from evaluation.columns import CaseResult, markdown_table, table
-from lab.loadtest.resolver import Lookup, dns_lookup
 from lab.loadtest.run import LoadTest, run_loadtest
 from lab.loadtest.shape import StepLoad
 from lab.repeats import ci_table, orderings, summarize
@@ -39,6 +38,9 @@ from lab.report import load_run, write_report
 from lab.resolvers import Resolvers
 from lab.runner import Lab
 from lab.settings import LabSettings
+
+if TYPE_CHECKING:  # dnspython, which it imports, is the lab extra's
+    from lab.loadtest.resolver import Lookup
 
 ALL_ADDRESSES = 16  # k above any lab pool's size: every eligible address in every answer
 NEVER = 1000.0  # th_over no utilization reaches: pausing off
@@ -246,6 +248,8 @@ def run_case(case: Case, plan: ExperimentPlan, repeat: int = 1) -> CaseResult:
     try:
         lab.start()
         if plan.staggered and lab.resolvers is not None:
+            from lab.loadtest.resolver import dns_lookup  # noqa: PLC0415 (the lab extra)
+
             pdns = dns_lookup("127.0.0.1", settings.dns_port)
             warm_resolvers(lab.resolvers, settings.dns_name, pdns, random.Random(repeat))
         test = LoadTest(
