@@ -26,12 +26,13 @@ from daemons.process import spawn, stop_group
 from dnslb.errors import ProcessError
 
 
-def find_unbound() -> str:
-    """The path of ``unbound``; a :class:`ProcessError` says how to install it."""
-    for candidate in (shutil.which("unbound"), "/usr/sbin/unbound"):
+def find_unbound(program: str = "unbound") -> str:
+    """The path of ``program`` (``unbound``, ``unbound-control``: both in Debian's package); a
+    :class:`ProcessError` says how to install it."""
+    for candidate in (shutil.which(program), f"/usr/sbin/{program}"):
         if candidate and Path(candidate).exists():
             return candidate
-    raise ProcessError("unbound not found: install it (apt-get install unbound)")
+    raise ProcessError(f"{program} not found: install it (apt-get install unbound)")
 
 
 def unbound_config(
@@ -181,7 +182,7 @@ class Resolvers:
         """Put an answer for ``name`` (A records) in each resolver's cache, as if it had asked
         pdns a while ago: ``answers[N]`` is resolver N's (addresses in order, the TTL it has
         left, at least 1). Raises :class:`ProcessError` when one refuses it."""
-        control = shutil.which("unbound-control") or "/usr/sbin/unbound-control"
+        control = find_unbound("unbound-control")
         for config, (addresses, ttl) in zip(self.configs, answers, strict=True):
             result = subprocess.run(
                 [control, "-c", str(config), "load_cache"],

@@ -86,13 +86,10 @@ class ServerRuntime:
     @property
     def capacity_bounded(self) -> bool:
         """Whether its reported max concurrency counts for less than it says."""
-        reported = self.report.max_concurrency if self.report is not None else None
-        limit = self.capacity_limit
         return (
             self.record.max_concurrency is None
-            and reported is not None
-            and limit is not None
-            and reported > limit
+            and self.report is not None
+            and self.max_concurrency != self.report.max_concurrency
         )
 
 
