@@ -918,7 +918,7 @@ class PoolCache:
         self.pools: dict[str, Pool] = {}
         self.order: list[str] = []  # the last plan's pool texts in its order
         self.reused = 0  # pools the last plan took from the cache (for tests and benchmarks)
-        # Called after each pool decoded or validated anew: a reader on a thread may rest there
+        # Called after each pool read, and each validated anew: a reader on a thread may rest there
         # (the pipe backend's loader paces itself so that its query loop keeps a CPU).
         self.pace: Callable[[], None] | None = None
 
@@ -1003,8 +1003,8 @@ def _split_items(text: str, at: int, cache: PoolCache, split: _Split) -> int:
             value, end = _DECODER.raw_decode(text, at)
             span = text[at:end]
             pool = cache.pools.get(span)
-            if cache.pace is not None:
-                cache.pace()
+        if cache.pace is not None:  # each item: comparing a few hundred kept ones adds up
+            cache.pace()
         items.append(None if pool is not None else value)
         split.spans.append(span)
         split.known.append(pool)

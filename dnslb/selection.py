@@ -22,7 +22,7 @@ import dataclasses
 import heapq
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -115,7 +115,15 @@ def cycle_scale(counts: Sequence[int], k: int, max_length: int = MAX_CYCLE) -> i
     return max(1, min(needed, max_length // length))
 
 
-def cycle_answers(counts: Sequence[int], k: int) -> list[tuple[int, ...]]:
+Pace = Callable[[], None] | None
+"""Called every :data:`PACE_STEPS` positions while a cycle is computed, if given: where a caller
+on a thread may rest (the pipe backend's loader rests so that its host's CPUs stay free for
+answering; a pool's cycle takes milliseconds)."""
+
+PACE_STEPS = 32
+
+
+def cycle_answers(counts: Sequence[int], k: int, pace: Pace = None) -> list[tuple[int, ...]]:
     """The answers of a cycle of ``sum(counts)`` positions: at each, ``min(k, n)`` distinct
     indices (``n`` indices with a count), the first one listed first.
 
@@ -132,13 +140,15 @@ def cycle_answers(counts: Sequence[int], k: int) -> list[tuple[int, ...]]:
     first place at a time from an index that has too many to one that has too few).
     ``O(L k log n)`` for a cycle of ``L`` positions.
     """
-    sets = _appearance_sets(counts, appearance_targets(counts, k))
-    answers = _order_firsts(sets, counts)
+    sets = _appearance_sets(counts, appearance_targets(counts, k), pace)
+    answers = _order_firsts(sets, counts, pace)
     _repair_firsts(answers, counts)
     return [tuple(answer) for answer in answers]
 
 
-def _appearance_sets(counts: Sequence[int], targets: Sequence[int]) -> list[list[int]]:
+def _appearance_sets(
+    counts: Sequence[int], targets: Sequence[int], pace: Pace = None
+) -> list[list[int]]:
     length = sum(counts)
     width = sum(targets) // length if length else 0
     served = [0] * len(targets)
@@ -151,6 +161,8 @@ def _appearance_sets(counts: Sequence[int], targets: Sequence[int]) -> list[list
     heapq.heapify(urgent)
     sets: list[list[int]] = []
     for step in range(length):
+        if pace is not None and not step % PACE_STEPS:
+            pace()
         now = step + 1e-9
         while waiting and waiting[0][0] <= now:
             _, count, index = heapq.heappop(waiting)
@@ -182,7 +194,9 @@ def _appearance_sets(counts: Sequence[int], targets: Sequence[int]) -> list[list
     return sets
 
 
-def _order_firsts(sets: list[list[int]], counts: Sequence[int]) -> list[list[int]]:
+def _order_firsts(
+    sets: list[list[int]], counts: Sequence[int], pace: Pace = None
+) -> list[list[int]]:
     length = len(sets)
     firsts_left = list(counts)
     appearances_left = [0] * len(counts)
@@ -192,6 +206,8 @@ def _order_firsts(sets: list[list[int]], counts: Sequence[int]) -> list[list[int
     firsts = [0] * len(counts)
     answers: list[list[int]] = []
     for step, chosen in enumerate(sets):
+        if pace is not None and not step % PACE_STEPS:
+            pace()
         candidates = [index for index in chosen if firsts_left[index]] or chosen
         must = [index for index in candidates if firsts_left[index] >= appearances_left[index]]
         started = [index for index in candidates if firsts[index] * length <= step * counts[index]]
@@ -294,9 +310,15 @@ def family_members(pool: Pool, *, ipv6: bool) -> list[Member]:
 
 
 def family_answers(
-    members: Sequence[Member], pool: Pool, *, stale: bool, resolution: int = DEFAULT_RESOLUTION
+    members: Sequence[Member],
+    pool: Pool,
+    *,
+    stale: bool,
+    resolution: int = DEFAULT_RESOLUTION,
+    pace: Pace = None,
 ) -> tuple[Answer, ...]:
-    """The answer cycle over ``members`` (one address family of ``pool``)."""
+    """The answer cycle over ``members`` (one address family of ``pool``); ``pace`` as for
+    :func:`cycle_answers`."""
     active = [member for member in members if member.state is MemberState.ACTIVE]
     if not active:
         chosen = fallback_members(members, pool.fallback, pool.k)
@@ -304,7 +326,7 @@ def family_answers(
     counts = _slots(active, resolution)
     scale = cycle_scale(counts, pool.k)
     answers: list[Answer] = []
-    for indices in cycle_answers([count * scale for count in counts], pool.k):
+    for indices in cycle_answers([count * scale for count in counts], pool.k, pace):
         chosen = tuple(active[index] for index in indices)
         answers.append(Answer(members=chosen, ttl=answer_ttl(chosen, pool, stale=stale)))
     return tuple(answers)

@@ -25,6 +25,7 @@ from dnslb.geoip import GeoIpDatabase, GeoIpError, database_file
 from dnslb.plan import MemberState, Plan, Pool
 from dnslb.selection import (
     Answer,
+    Pace,
     PoolAnswers,
     answer_counts,
     family_answers,
@@ -93,6 +94,11 @@ Family = tuple[tuple[Answer, ...], list[Fragments]]
 """One address family's answer cycle and each answer's fragments."""
 
 
+PoolKey = tuple[Pool, int, bool, int, tuple[tuple[bytes, Reply], ...]]
+"""What a pool's compiled replies depend on: the pool, the ABI, staleness, its zone id and the
+static records at its name."""
+
+
 @dataclass(slots=True)
 class CompiledPool:
     """A pool's replies, and how often each position of its answer cycles was given out."""
@@ -106,6 +112,7 @@ class CompiledPool:
     # Its answer cycles and their fragments by what they were computed from (_family): the next
     # plan's version of the pool takes those whose inputs did not change.
     families: dict[Hashable, Family] = field(default_factory=dict)
+    key: PoolKey | None = None  # what it was compiled from: the same next time, it is reused
 
     def answer_counts(self) -> dict[str, tuple[int, int]]:
         """Per member id: (answers it came first in, answers it was in), over every query type."""
@@ -117,11 +124,6 @@ class CompiledPool:
         return totals
 
 
-PoolKey = tuple[Pool, int, bool, int, tuple[tuple[bytes, Reply], ...]]
-"""What a pool's compiled replies depend on: the pool, the ABI, staleness, its zone id and the
-static records at its name."""
-
-
 @dataclass(slots=True)
 class AnswerTable:
     """Replies by name (lower case bytes) and query type, and zone transfers by zone id."""
@@ -129,7 +131,7 @@ class AnswerTable:
     names: dict[bytes, dict[bytes, Reply]]
     transfers: dict[int, bytes]
     zone_names: dict[int, bytes]
-    pools: dict[PoolKey, CompiledPool] = field(default_factory=dict)
+    pools: dict[str, CompiledPool] = field(default_factory=dict)  # by pool name
 
 
 def compile_plan(
@@ -173,16 +175,19 @@ def compile_plan(
     for name, records in static.items():
         names[name.encode("ascii")] = _static_replies(abi, records)
 
-    compiled_pools: dict[PoolKey, CompiledPool] = {}
+    compiled_pools: dict[str, CompiledPool] = {}
     old_pools = previous.pools if previous is not None else {}
-    old_by_name = {compiled.name: compiled for compiled in old_pools.values()}
     for pool in plan.pools:
         zone_id = plan.zone_of(pool.name) or 0
         prefix = names.get(pool.name.encode("ascii"), {})
         key = (pool, abi, stale, zone_id, tuple(prefix.items()))
-        compiled = old_pools.get(key)
-        if compiled is None:
-            before = old_by_name.get(pool.name)
+        before = old_pools.get(pool.name)
+        # Compared, never hashed: a pool the plan store kept is the same object (compared by
+        # identity), and hashing each pool's members cost more than the rest of a plan that
+        # changed a little (dataclass hashes are not cached).
+        if before is not None and before.key == key:
+            compiled = before
+        else:
             compiled = _compile_pool(
                 abi,
                 pool,
@@ -192,11 +197,13 @@ def compile_plan(
                 rng=rng,
                 explain=explain,
                 families=before.families if before is not None else None,
+                pace=pace,
             )
             compiled.transfer_key, compiled.transfer = _transfer_lines(abi, pool, zone_id, before)
+            compiled.key = key
             if pace is not None:
                 pace()
-        compiled_pools[key] = compiled
+        compiled_pools[pool.name] = compiled
         names[pool.name.encode("ascii")] = compiled.replies
         if explain:
             _add_explanation(names, abi, plan, pool, compiled, zone_id=zone_id, stale=stale)
@@ -239,13 +246,23 @@ def _compile_pool(
     rng: random.Random,
     explain: bool = False,
     families: dict[Hashable, Family] | None = None,
+    pace: Pace = None,
 ) -> CompiledPool:
     """Replies of a load-balanced name: A, AAAA and ANY cycles, after any static records;
     per client location with ``networks`` and ABI 3+ (before it pdns caches every answer, so
-    no answer may depend on the client). ``families``: the previous version's cycles."""
+    no answer may depend on the client). ``families``: the previous version's cycles; ``pace``
+    is called while cycles are computed (:func:`dnslb.selection.cycle_answers`)."""
     previous = families if families is not None else {}
     compiled = _compile_cycles(
-        abi, pool, zone_id, static, stale=stale, rng=rng, explain=explain, previous=previous
+        abi,
+        pool,
+        zone_id,
+        static,
+        stale=stale,
+        rng=rng,
+        explain=explain,
+        previous=previous,
+        pace=pace,
     )
     if (not pool.networks and pool.geoip is None) or abi < 3:
         return compiled
@@ -255,7 +272,9 @@ def _compile_pool(
     for location in table.locations:
         local = located_pool(pool, shares.get(location, {location: 1.0}))
         located.append(
-            _compile_cycles(abi, local, zone_id, static, stale=stale, rng=rng, previous=previous)
+            _compile_cycles(
+                abi, local, zone_id, static, stale=stale, rng=rng, previous=previous, pace=pace
+            )
         )
         compiled.counters += located[-1].counters
         compiled.families.update(located[-1].families)
@@ -315,11 +334,17 @@ def _compile_cycles(
     rng: random.Random,
     explain: bool = False,
     previous: dict[Hashable, Family],
+    pace: Pace = None,
 ) -> CompiledPool:
     compiled = CompiledPool(name=pool.name, replies=dict(static))
     kept = compiled.families
-    v4_answers, v4 = _family(abi, pool, zone_id, "A", stale=stale, previous=previous, kept=kept)
-    v6_answers, v6 = _family(abi, pool, zone_id, "AAAA", stale=stale, previous=previous, kept=kept)
+    families = {
+        rtype: _family(
+            abi, pool, zone_id, rtype, stale=stale, previous=previous, kept=kept, pace=pace
+        )
+        for rtype in ("A", "AAAA")
+    }
+    (v4_answers, v4), (v6_answers, v6) = families["A"], families["AAAA"]
     answers = PoolAnswers(v4=v4_answers, v6=v6_answers)
     if explain:
         compiled.explain = explanation.member_lines(pool, answers)
@@ -357,6 +382,7 @@ def _family(
     stale: bool,
     previous: dict[Hashable, Family],
     kept: dict[Hashable, Family],
+    pace: Pace = None,
 ) -> Family:
     """The answer cycle of ``pool``'s members of one address family and its fragments: the
     previous version's when its inputs are the same, else computed (the costly part of a plan:
@@ -365,8 +391,10 @@ def _family(
     key = (abi, zone_id, rtype, family_key(members, pool, stale=stale))
     family = previous.get(key)
     if family is None:
-        answers = family_answers(members, pool, stale=stale)
-        family = (answers, [_answer_fragments(abi, answer, zone_id, rtype) for answer in answers])
+        answers = family_answers(members, pool, stale=stale, pace=pace)
+        if pace is not None:
+            pace()
+        family = (answers, _cycle_fragments(abi, answers, zone_id, rtype))
     kept[key] = family
     return family
 
@@ -424,6 +452,30 @@ def _add_explanation(
 def _answer_fragments(abi: int, answer: Answer, zone_id: int, rtype: str) -> Fragments:
     records = [Rdata(rtype, answer.ttl, member.address, dynamic=True) for member in answer.members]
     return fragments(abi, records, zone_id)
+
+
+def _cycle_fragments(
+    abi: int, answers: tuple[Answer, ...], zone_id: int, rtype: str
+) -> list[Fragments]:
+    """Each answer's fragments, as :func:`_answer_fragments` makes them (the same bytes), from
+    each record's fragment made once per address and TTL: a cycle holds a few hundred answers
+    over a pool's few members and TTLs, and making every record anew was a quarter of the
+    time a changed pool took to compile."""
+    made: dict[tuple[str, int], Fragments] = {}  # two such records: (head, opened, closed)
+    result: list[Fragments] = []
+    for answer in answers:
+        if not answer.members:
+            result.append(_answer_fragments(abi, answer, zone_id, rtype))
+            continue
+        records = []
+        for member in answer.members:
+            record = made.get((member.address, answer.ttl))
+            if record is None:
+                rdata = Rdata(rtype, answer.ttl, member.address, dynamic=True)
+                record = made[member.address, answer.ttl] = fragments(abi, (rdata, rdata), zone_id)
+            records.append(record)
+        result.append((records[0][0], *[record[1] for record in records[:-1]], records[-1][2]))
+    return result
 
 
 def _open(reply: Fragments) -> Fragments:
