@@ -230,8 +230,9 @@ STATIC_TYPES = ("A", "AAAA", "CNAME", "MX", "NS", "TXT", "SRV", "CAA", "PTR")
 class _Reader:
     """Collects every problem of a document, each with its path."""
 
-    def __init__(self) -> None:
+    def __init__(self, pace: Callable[[], None] | None = None) -> None:
         self.problems: list[str] = []
+        self.pace = pace  # called every few members read (parse_plan's pace)
 
     def fail(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}" if path else message)
@@ -347,10 +348,11 @@ def parse_plan(
 
     ``known[i]``, when given and not None, is the pool ``pools[i]`` was already read as (its
     exact JSON text was validated before: :class:`PoolCache`); it is taken without checking the
-    item again. ``pace`` is called after each pool validated (:attr:`PoolCache.pace`). Raises
-    :class:`PlanError` listing every problem found, each with its path.
+    item again. ``pace`` is called after each pool validated and every 32 of its members
+    (:attr:`PoolCache.pace`). Raises :class:`PlanError` listing every problem found, each with
+    its path.
     """
-    reader = _Reader()
+    reader = _Reader(pace)
     top = reader.mapping(
         document,
         "",
@@ -593,6 +595,8 @@ def _parse_pool(reader: _Reader, item: object, path: str) -> Pool | None:
     )
     members: list[Member] = []
     for index, value in enumerate(reader.items(raw.get("members", []), f"{path}.members")):
+        if reader.pace is not None and index % 32 == 31:
+            reader.pace()
         member = _parse_member(reader, value, f"{path}.members[{index}]")
         if member is not None:
             members.append(member)

@@ -120,7 +120,7 @@ Pace = Callable[[], None] | None
 on a thread may rest (the pipe backend's loader rests so that its host's CPUs stay free for
 answering; a pool's cycle takes milliseconds)."""
 
-PACE_STEPS = 32
+PACE_STEPS = 16
 
 
 def cycle_answers(counts: Sequence[int], k: int, pace: Pace = None) -> list[tuple[int, ...]]:
@@ -326,7 +326,11 @@ def family_answers(
     counts = _slots(active, resolution)
     scale = cycle_scale(counts, pool.k)
     answers: list[Answer] = []
-    for indices in cycle_answers([count * scale for count in counts], pool.k, pace):
+    for step, indices in enumerate(
+        cycle_answers([count * scale for count in counts], pool.k, pace)
+    ):
+        if pace is not None and not step % PACE_STEPS:
+            pace()
         chosen = tuple(active[index] for index in indices)
         answers.append(Answer(members=chosen, ttl=answer_ttl(chosen, pool, stale=stale)))
     return tuple(answers)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from dnslb.geoip import GeoIpDatabase, GeoIpError, database_file
 from dnslb.plan import MemberState, Plan, Pool
 from dnslb.selection import (
+    PACE_STEPS,
     Answer,
     Pace,
     PoolAnswers,
@@ -392,9 +393,7 @@ def _family(
     family = previous.get(key)
     if family is None:
         answers = family_answers(members, pool, stale=stale, pace=pace)
-        if pace is not None:
-            pace()
-        family = (answers, _cycle_fragments(abi, answers, zone_id, rtype))
+        family = (answers, _cycle_fragments(abi, answers, zone_id, rtype, pace))
     kept[key] = family
     return family
 
@@ -455,7 +454,7 @@ def _answer_fragments(abi: int, answer: Answer, zone_id: int, rtype: str) -> Fra
 
 
 def _cycle_fragments(
-    abi: int, answers: tuple[Answer, ...], zone_id: int, rtype: str
+    abi: int, answers: tuple[Answer, ...], zone_id: int, rtype: str, pace: Pace = None
 ) -> list[Fragments]:
     """Each answer's fragments, as :func:`_answer_fragments` makes them (the same bytes), from
     each record's fragment made once per address and TTL: a cycle holds a few hundred answers
@@ -463,7 +462,9 @@ def _cycle_fragments(
     time a changed pool took to compile."""
     made: dict[tuple[str, int], Fragments] = {}  # two such records: (head, opened, closed)
     result: list[Fragments] = []
-    for answer in answers:
+    for step, answer in enumerate(answers):
+        if pace is not None and not step % PACE_STEPS:
+            pace()
         if not answer.members:
             result.append(_answer_fragments(abi, answer, zone_id, rtype))
             continue
