@@ -23,12 +23,15 @@ served. A manager elected later has a higher epoch, so a deposed one still writi
 A big plan must not stall answers either (``bench/fleet_plan.py``, ``docs/pdns.md``): the store
 validates only pools whose text changed (:class:`~dnslb.plan.PoolCache`) and the compiler reuses
 unchanged pools' replies and transfer lines, and a changed pool's cycles whose inputs did not
-change (:func:`~dnslb.selection.family_key`); reading and compiling rest 4 ms after each 1 ms
-(:meth:`PipeBackend._pace`); the collector is paused while a plan loads and the
-result frozen (a full collection over a 100,000-member plan held the interpreter for 150 ms);
-the pools a new table drops are found by the loader, their counts only read at the swap; the
-last good copy is the text as read, not the plan serialized again; and the switch interval is
-0.5 ms, so a request waits about that at most for the loader's Python code.
+change (:func:`~dnslb.selection.family_key`); pools are compared, never hashed; reading,
+compiling, counting and freeing rest 0.8 ms after each 0.2 ms, with places to rest close
+enough that no stretch of the loader's work holds a CPU much longer (:meth:`PipeBackend._pace`:
+on a small host, the loader's long stretches, not its lock, kept pdns and the query loop
+waiting); the collector is paused while a plan loads and the result frozen (a full collection
+over a 100,000-member plan held the interpreter for 150 ms); the pools a new table drops are
+found and counted by the loader, never at the swap; the last good copy is the text as read, not
+the plan serialized again; and the switch interval is 50 us, so a request waits about that for
+the loader's Python code.
 
 Bad input never stops the loop: a request that cannot be answered gets ``FAIL`` (with a
 ``LOG`` line saying why), and end of input is a clean exit.
@@ -369,9 +372,11 @@ class PipeBackend:
         return True
 
     def _pace(self) -> None:
-        """Rest ``_REST`` seconds after each ``_BUSY`` seconds of compiling: every coprocess of
-        a pdns loads a new plan at about the same time, and a loader that had the CPUs to
-        itself kept its query loop (and its neighbours') waiting for the CPU and the GIL."""
+        """Rest ``_REST`` seconds after each ``_BUSY`` seconds of loading: every coprocess of a
+        pdns loads a new plan at about the same time, and a loader that held a CPU for
+        milliseconds kept pdns's threads and the query loops waiting for one (measured:
+        ``docs/pdns.md``, Big plans). Called often (every few hundred microseconds of work),
+        so that the rests, not the places to rest, set the rhythm."""
         now = time.perf_counter()
         if now - self._busy_since >= _BUSY:
             time.sleep(_REST)
@@ -638,8 +643,8 @@ class PipeBackend:
 
         The coprocess's own loop: it also pauses the garbage collector while plans load
         (:attr:`pause_collector`) and shortens the interpreter's switch interval, so that a
-        request arriving while the loader computes waits at most about 0.5 ms for the
-        interpreter lock instead of 5 ms. Both are undone when it returns (tests serve in
+        request arriving while the loader computes waits about 50 us for the interpreter
+        lock instead of 5 ms. Both are undone when it returns (tests serve in
         their own process)."""
         paused, self.pause_collector = self.pause_collector, True
         self.store.pool_cache.pace = self._pace  # reading a plan is paced as compiling it is
