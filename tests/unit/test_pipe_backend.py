@@ -18,6 +18,7 @@ import pytest
 
 from bench.fleet_plan import fleet_plan
 from daemons.pdns import pipe_command
+from dnslb.plan import Pool
 from dnslb.plan_store import FilePlanStore, last_good_store
 from pipe_backend import answers as answers_module
 from pipe_backend.answers import NO_ADDRESS, compile_plan
@@ -426,6 +427,24 @@ def test_a_changed_pool_computes_again_only_what_its_change_reaches(
         b"".join(fragment) for _, fs in kept_pools[1].families.values() for fragment in fs
     )
     assert kept_pools[0].transfer is next(iter(first.pools.values())).transfer
+
+
+def test_a_kept_pool_is_found_without_hashing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pools are looked up by name and compared (a pool the plan store kept is the same
+    object): hashing a pool hashes every member in Python, and at 100 pools of 100 that cost
+    more than compiling the few that changed."""
+    plan = fleet_plan(300)
+    first = compile_plan(plan, 5, stale=False, rng=random.Random(1))
+    changed = dataclasses.replace(plan.pools[2], k=3)
+    later = dataclasses.replace(plan, version=2, pools=(*plan.pools[:2], changed))
+
+    def no_hash(self: object) -> int:
+        raise AssertionError("a pool was hashed")
+
+    monkeypatch.setattr(Pool, "__hash__", no_hash)
+    second = compile_plan(later, 5, stale=False, rng=random.Random(2), previous=first)
+    kept = [second.pools[pool.name] is first.pools[pool.name] for pool in later.pools]
+    assert kept == [True, True, False]
 
 
 # -- the loop over real pipes -------------------------------------------------------------------
