@@ -461,10 +461,9 @@ class PipeBackend:
         pace = self._pace if threading.current_thread() is loader else _no_pace
         with self._lock:
             result = {pool: dict(members) for pool, members in self._retired_counts.items()}
-            table = self.table
             pools = [compiled for dropped in self._dropped for compiled in dropped]
-        if table is not None:
-            pools += table.pools.values()
+            if self.table is not None:
+                pools += self.table.pools.values()
         for compiled in pools:
             totals = result.setdefault(compiled.name, {})
             for member, (first, seen) in compiled.answer_counts().items():
