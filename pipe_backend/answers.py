@@ -14,6 +14,7 @@ the cycle and sets the answer's ECS scope.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -339,13 +340,11 @@ def _compile_cycles(
 ) -> CompiledPool:
     compiled = CompiledPool(name=pool.name, replies=dict(static))
     kept = compiled.families
-    families = {
-        rtype: _family(
-            abi, pool, zone_id, rtype, stale=stale, previous=previous, kept=kept, pace=pace
-        )
-        for rtype in ("A", "AAAA")
-    }
-    (v4_answers, v4), (v6_answers, v6) = families["A"], families["AAAA"]
+    family = functools.partial(
+        _family, abi, pool, zone_id, stale=stale, previous=previous, kept=kept, pace=pace
+    )
+    v4_answers, v4 = family("A")
+    v6_answers, v6 = family("AAAA")
     answers = PoolAnswers(v4=v4_answers, v6=v6_answers)
     if explain:
         compiled.explain = explanation.member_lines(pool, answers)
@@ -448,25 +447,20 @@ def _add_explanation(
     names[name.encode("ascii")] = {b"TXT": reply, b"ANY": reply}
 
 
-def _answer_fragments(abi: int, answer: Answer, zone_id: int, rtype: str) -> Fragments:
-    records = [Rdata(rtype, answer.ttl, member.address, dynamic=True) for member in answer.members]
-    return fragments(abi, records, zone_id)
-
-
 def _cycle_fragments(
     abi: int, answers: tuple[Answer, ...], zone_id: int, rtype: str, pace: Pace = None
 ) -> list[Fragments]:
-    """Each answer's fragments, as :func:`_answer_fragments` makes them (the same bytes), from
-    each record's fragment made once per address and TTL: a cycle holds a few hundred answers
-    over a pool's few members and TTLs, and making every record anew was a quarter of the
-    time a changed pool took to compile."""
+    """Each answer's fragments, the same bytes as :func:`~pipe_backend.protocol.fragments` of
+    its records, from each record's fragment made once per address and TTL: a cycle holds a
+    few hundred answers over a pool's few members and TTLs, and making every record of every
+    answer anew was a quarter of the time a changed pool took to compile."""
     made: dict[tuple[str, int], Fragments] = {}  # two such records: (head, opened, closed)
     result: list[Fragments] = []
     for step, answer in enumerate(answers):
         if pace is not None and not step % PACE_STEPS:
             pace()
-        if not answer.members:
-            result.append(_answer_fragments(abi, answer, zone_id, rtype))
+        if not answer.members:  # nothing to answer (fallback nodata): END alone
+            result.append(fragments(abi, (), zone_id))
             continue
         records = []
         for member in answer.members:

@@ -421,7 +421,7 @@ class PipeBackend:
     def _free(self) -> None:
         """Count and free what the query loop let go of (:meth:`take`) on the loader's thread,
         a pool at a time, resting between pieces as compiling does."""
-        pace = self._pace if self.pause_collector else _no_pace
+        pace = self._loader_pace()
         with self._lock:
             retired, self._retired = self._retired, []
             dropped = self._dropped[:]  # listed until counted: answer_counts adds them meanwhile
@@ -448,17 +448,21 @@ class PipeBackend:
                     plan_pools.pop()
                     pace()
 
+    def _loader_pace(self) -> Callable[[], None]:
+        """The loader's :meth:`_pace` under serve; elsewhere (tests) no rest."""
+        return self._pace if self.pause_collector else _no_pace
+
     def _retire_counts(self, pool: str, counts: dict[str, tuple[int, int]]) -> None:
         totals = self._retired_counts.setdefault(pool, {})
         for member, (first, seen) in counts.items():
             old_first, old_seen = totals.get(member, (0, 0))
             totals[member] = (old_first + first, old_seen + seen)
 
-    def answer_counts(self) -> dict[str, dict[str, tuple[int, int]]]:
+    def answer_counts(
+        self, pace: Callable[[], None] | None = None
+    ) -> dict[str, dict[str, tuple[int, int]]]:
         """Per pool and member: (answers it came first in, answers it was in), since start;
-        paced as compiling is when called on the loader's thread (:meth:`write_stats`)."""
-        loader = getattr(self, "_loader_thread", None)
-        pace = self._pace if threading.current_thread() is loader else _no_pace
+        ``pace`` is called after each pool (the loader's :meth:`_pace`, from write_stats)."""
         with self._lock:
             result = {pool: dict(members) for pool, members in self._retired_counts.items()}
             pools = [compiled for dropped in self._dropped for compiled in dropped]
@@ -469,7 +473,8 @@ class PipeBackend:
             for member, (first, seen) in compiled.answer_counts().items():
                 old_first, old_seen = totals.get(member, (0, 0))
                 totals[member] = (old_first + first, old_seen + seen)
-            pace()
+            if pace is not None:
+                pace()
         return result
 
     def write_stats(self) -> None:
@@ -487,7 +492,7 @@ class PipeBackend:
             "requests": requests,
             "pools": {
                 pool: {member: list(pair) for member, pair in members.items()}
-                for pool, members in self.answer_counts().items()
+                for pool, members in self.answer_counts(self._loader_pace()).items()
             },
         }
         try:
