@@ -219,9 +219,9 @@ def add_node_agent_arguments(parser: argparse.ArgumentParser) -> None:
     flag(
         "--lease",
         type=float,
-        help="seconds the node takes new connections without its agent, renewed before each "
-        "heartbeat (0: forever; at least twice --heartbeat-interval, below the manager's "
-        f"failover_after) (default {default('lease')})",
+        help="seconds the node takes new connections without its agent, counted from each "
+        "heartbeat the manager took (0: forever; at least twice --heartbeat-interval, below "
+        f"the manager's failover_after) (default {default('lease')})",
     )
 
 

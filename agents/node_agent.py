@@ -16,9 +16,10 @@ One runs on each node that shares the cluster's VIP. It
   :class:`~dnslb.report.Report` with its connections to the VIP, its capacity and the table it
   holds. When the manager is unreachable it backs off (up to ``backoff_max``) and keeps going;
   with several managers (``manager_urls``) it follows the leader (:mod:`agents.managers`);
-* renews a short lease in the kernel just before each heartbeat (:class:`LeaseKeeper`): if the
-  agent dies, the node stops taking new connections by itself at most ``lease`` after the manager
-  last heard it, so before the manager gives its buckets away;
+* renews a short lease in the kernel after each heartbeat the manager took, counted from when it
+  was sent (:class:`LeaseKeeper`): if the agent dies, the node stops taking new connections by
+  itself at most ``lease`` after the manager last heard it, so before the manager gives its
+  buckets away;
 * fences itself when stopped, so that it never accepts buckets the manager has given away.
 
 Everything it reads comes from one :class:`NodeAgentConfig`.
@@ -167,9 +168,9 @@ class NodeAgentConfig:
     )
     lease: float = setting(
         0.25,
-        help="seconds the node takes new connections without its agent, renewed just before each "
-        "heartbeat: 0 (never stops) or 0.05 to 60, at least twice heartbeat_interval; keep it "
-        "below the manager's failover_after",
+        help="seconds the node takes new connections without its agent, counted from each "
+        "heartbeat the manager took: 0 (never stops) or 0.05 to 60, at least twice "
+        "heartbeat_interval; keep it below the manager's failover_after",
         min=0.0,
         max=60.0,
     )
@@ -217,8 +218,8 @@ class NodeAgentConfig:
             yield f"lease: must be 0 (off) or {MIN_LEASE} to 60 seconds"
         elif self.lease != 0 and self.manager_url and self.lease < 2 * self.heartbeat_interval:
             yield (
-                "lease: must be at least twice heartbeat_interval (it is renewed before "
-                "each heartbeat)"
+                "lease: must be at least twice heartbeat_interval (it is renewed from each "
+                "heartbeat the manager took)"
             )
         if any(not 1 <= port <= 65535 for port in self.service_ports):
             yield "service_ports: each must be 1..65535"
@@ -417,10 +418,10 @@ class ManagerLink:
             self._connections[index] = connection
         return connection, path
 
-    def post(self, report: Report, *, before_each: Callable[[], None] | None = None) -> None:
-        """Send one report to the leading manager; raises :class:`ProtocolError` on any
-        failure, saying why. ``before_each`` runs just before every attempt (the lease is
-        renewed before each post: :class:`LeaseKeeper`)."""
+    def post(self, report: Report) -> float:
+        """Send one report to the leading manager and return when (``time.monotonic()``) the
+        attempt it took began: the manager heard this agent at that time or later. Raises
+        :class:`ProtocolError` on any failure, saying why."""
         body = json.dumps(report_to_dict(report)).encode()
         headers = {
             "Authorization": f"Bearer {self._token}",
@@ -429,8 +430,7 @@ class ManagerLink:
         attempts = self.managers.round()
         for index in attempts:
             url = self.managers.urls[index]
-            if before_each is not None:
-                before_each()
+            sent = time.monotonic()
             try:
                 connection, path = self._connect(index)
                 connection.request("POST", path, body=body, headers=headers)
@@ -453,7 +453,7 @@ class ManagerLink:
             attempts.took(index)
             if response.status >= 300:
                 raise ProtocolError(f"manager refused the report: {response.status} {detail!r}")
-            return
+            return sent
         raise ProtocolError("; ".join(attempts.problems))
 
     def _drop(self, index: int) -> None:
@@ -468,23 +468,27 @@ class ManagerLink:
 
 
 class LeaseKeeper:
-    """Renews the node's lease so that it never outlives the last heartbeat the manager may have
-    heard by more than ``lease`` seconds.
+    """Renews the node's lease so that it never outlives the last heartbeat the manager heard by
+    more than ``lease`` seconds.
 
-    The heartbeat loop calls :meth:`before_post` just before each post: a renewal is then never
-    later than the heartbeat that follows it, and the manager's clock for the node (when it heard
-    the last heartbeat) is never earlier than the last renewal. A node whose agent dies therefore
-    stops taking new connections at most ``lease`` after the manager last heard it, before the
-    manager (``failover_after`` > ``lease``) gives its buckets to other nodes, however the agent's
-    threads were scheduled. Renewing on a timer of its own instead, as the agent did before, let
-    the last renewal come up to a heartbeat interval after the last heartbeat: both the dead
-    node and the bucket's new owner then answered the same SYN, and the client got a reset.
+    After each heartbeat the manager took, the heartbeat loop calls :meth:`heard` with the time
+    that heartbeat was sent, and the lease is renewed to end ``lease`` after *that*: the manager
+    heard it then or later, so its clock for the node (when it last heard it) never starts before
+    the lease's. A node whose agent dies therefore stops taking new connections at most ``lease``
+    after the manager last heard it, before the manager (``failover_after`` > ``lease``) gives its
+    buckets to other nodes, however the agent's threads were scheduled and wherever it died. A
+    heartbeat that took longer than ``lease`` renews nothing, and the lease runs out.
+
+    Two earlier ways let the lease outlive the manager's clock, and then the dead node and the
+    bucket's new owner both answered the same SYN, and the client got a reset: renewing on a
+    timer of its own (the last renewal came up to a heartbeat interval after the last heartbeat
+    heard), and renewing just *before* each post (an agent killed after the renewal and before
+    its post arrived had renewed for a heartbeat the manager never heard).
 
     While posts fail (the manager is down or unreachable) or no manager is configured,
     :meth:`loop` renews the lease on its own every third of ``lease``, so that an outage of the
-    manager does not fence the whole cluster. Then, and while a post hangs (no renewal until it
-    ends or times out), the lease protects nothing: a manager that cannot hear a live agent fails
-    its node over anyway (docs/clusters.md).
+    manager does not fence the whole cluster. Then the lease protects nothing: a manager that
+    cannot hear a live agent fails its node over anyway (docs/clusters.md).
     """
 
     def __init__(self, driver: DispatchDriver, lease: float, *, heartbeats: bool) -> None:
@@ -494,9 +498,9 @@ class LeaseKeeper:
         self._on_own = not heartbeats
         self._failing = False
 
-    def _renew(self) -> None:
+    def _renew(self, seconds: float) -> None:
         try:
-            self._driver.renew()
+            self._driver.renew(seconds)
         except ProcessError as exc:
             if not self._failing:
                 log.warning("lease not renewed (the node stops taking new connections): %s", exc)
@@ -506,12 +510,14 @@ class LeaseKeeper:
             log.info("lease renewed again")
         self._failing = False
 
-    def before_post(self) -> None:
-        """Renew the lease for the heartbeat about to be posted; the timer stays off until the
-        post fails."""
+    def heard(self, sent: float) -> None:
+        """The manager took the heartbeat sent at ``sent`` (``time.monotonic()``): renew the lease
+        to end ``lease`` after it. The timer stays off until a post fails."""
         with self._lock:
             self._on_own = False
-            self._renew()
+            left = self.lease - (time.monotonic() - sent)
+            if left >= 0.001:  # nft counts in milliseconds; less would round up
+                self._renew(left)
 
     def post_failed(self) -> None:
         """The heartbeat did not reach the manager: renew on the timer until one does."""
@@ -523,7 +529,7 @@ class LeaseKeeper:
         while not stop.wait(self.lease / 3):
             with self._lock:
                 if self._on_own:
-                    self._renew()
+                    self._renew(self.lease)
 
 
 def heartbeat_loop(
@@ -536,13 +542,12 @@ def heartbeat_loop(
     lease: LeaseKeeper | None = None,
 ) -> None:
     """Post a report every ``interval`` until ``stop``; back off while the manager fails. With a
-    ``lease``, renew it just before each post (before each attempt, when a standby redirects
-    or a manager fails and the next is tried)."""
+    ``lease``, renew it after each post a manager took, counted from when that post was sent."""
     delay = 0.0
     failing = False
     while not stop.wait(delay):
         try:
-            link.post(agent.report(), before_each=lease.before_post if lease else None)
+            sent = link.post(agent.report())
         except ProtocolError as exc:
             if lease is not None:
                 lease.post_failed()
@@ -551,6 +556,8 @@ def heartbeat_loop(
             failing = True
             delay = min(backoff_max, max(interval, delay * 2))
             continue
+        if lease is not None:
+            lease.heard(sent)
         if failing:
             log.info("manager reachable again")
         failing = False

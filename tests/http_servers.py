@@ -25,6 +25,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = 0.0  # time.monotonic() when it was recorded
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -82,7 +83,13 @@ class Receiver:
             def _record(self, body: bytes) -> None:
                 with owner.changed:
                     owner.requests.append(
-                        Received(self.command, self.path, dict(self.headers.items()), body)
+                        Received(
+                            self.command,
+                            self.path,
+                            dict(self.headers.items()),
+                            body,
+                            time.monotonic(),
+                        )
                     )
                     owner.changed.notify_all()
 

@@ -3,7 +3,7 @@
 A driver owns one cluster's rules on one node. The node agent calls :meth:`install` once at start
 (the node is then **fenced**: it accepts no new connection to the VIP, while connections it
 already holds go on), then :meth:`apply` with this node's active buckets for every table it
-accepts, :meth:`renew` before each heartbeat, and :meth:`fence` when it stops. Each call
+accepts, :meth:`renew` after each heartbeat, and :meth:`fence` when it stops. Each call
 is all-or-nothing: when it raises :class:`~dnslb.errors.ProcessError`, the rules are as they were
 before the call.
 """
@@ -60,5 +60,7 @@ class DispatchDriver(ABC):
         """Accept no new connection; established ones go on."""
 
     @abstractmethod
-    def renew(self) -> None:
-        """Restart the lease: ``rules.lease`` seconds from now (called before each heartbeat)."""
+    def renew(self, seconds: float | None = None) -> None:
+        """Restart the lease: ``seconds`` from now (``rules.lease`` when None). The agent calls it
+        after each heartbeat the manager took, with what is left of ``rules.lease`` counted from
+        when that heartbeat was sent."""

@@ -27,6 +27,7 @@ class DryRunDriver(DispatchDriver):
         self.accepted: frozenset[int] = frozenset()
         self.installed = False
         self.renewals = 0  # counted, not logged: they come several times a second
+        self.last_renewal: float | None = None  # the seconds the last renewal asked for
 
     def _keep(self, script: str) -> None:
         self.scripts.append(script)
@@ -53,5 +54,6 @@ class DryRunDriver(DispatchDriver):
         self._keep(render_fence(self.rules.table_name))
         self.accepted = frozenset()
 
-    def renew(self) -> None:
+    def renew(self, seconds: float | None = None) -> None:
         self.renewals += 1
+        self.last_renewal = self.rules.lease if seconds is None else seconds

@@ -242,9 +242,10 @@ def render_apply(
 
 
 def render_renew(table_name: str, vip: str, lease: float) -> str:
-    """One transaction that restarts the lease: the VIP's element, timing out in ``lease`` s."""
+    """One transaction that restarts the lease: the VIP's element, timing out in ``lease`` s
+    (rounded down to the millisecond, so a lease never ends later than asked)."""
     table = check_table_name(table_name)
-    milliseconds = max(1, round(lease * 1000))
+    milliseconds = max(1, int(lease * 1000))
     return (
         f"flush set ip {table} lease\n"
         f"add element ip {table} lease {{ {check_vip(vip)} timeout {milliseconds}ms }}\n"

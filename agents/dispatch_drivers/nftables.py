@@ -102,6 +102,7 @@ class NftablesDriver(DispatchDriver):
     def fence(self) -> None:
         self.runner.run(render_fence(self.rules.table_name))
 
-    def renew(self) -> None:
+    def renew(self, seconds: float | None = None) -> None:
         if self.rules.lease > 0:
-            self.runner.run(render_renew(self.rules.table_name, self.rules.vip, self.rules.lease))
+            lease = self.rules.lease if seconds is None else seconds
+            self.runner.run(render_renew(self.rules.table_name, self.rules.vip, lease))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ class FailingDriver(DryRunDriver):
         super().__init__(NodeRules(vip=VIP, lease=0.25))
         self.calls = 0
 
-    def renew(self) -> None:
+    def renew(self, seconds: float | None = None) -> None:
         self.calls += 1
         if self.calls <= 3:
             raise ProcessError("nftables refused the script: busy")
@@ -311,16 +312,16 @@ def test_tcp_loose_can_be_left_alone(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert "left at 1" in caplog.text
 
 
-def test_the_lease_is_renewed_before_each_heartbeat_and_on_its_own_only_while_posts_fail():
-    # A renewal after the last heartbeat the manager heard would let a dead agent's node accept
-    # its buckets after the manager gave them away.
+def test_the_lease_is_renewed_after_each_heartbeat_heard_and_on_its_own_only_while_posts_fail():
+    # A renewal reaching past the last heartbeat the manager heard would let a dead agent's node
+    # accept its buckets after the manager gave them away.
     driver = DryRunDriver(NodeRules(vip=VIP, lease=0.03))
     keeper = LeaseKeeper(driver, 0.03, heartbeats=True)
     stop = threading.Event()
     thread = threading.Thread(target=keeper.loop, args=(stop,))
     thread.start()
     try:
-        keeper.before_post()
+        keeper.heard(time.monotonic())
         assert driver.renewals == 1
         threading.Event().wait(0.1)  # ~10 timer rounds: heartbeats are flowing, the timer rests
         assert driver.renewals == 1
@@ -330,7 +331,8 @@ def test_the_lease_is_renewed_before_each_heartbeat_and_on_its_own_only_while_po
                 break
             threading.Event().wait(0.01)
         assert driver.renewals >= 3  # the manager is unreachable: the timer keeps the lease
-        keeper.before_post()
+        assert driver.last_renewal == 0.03  # the whole lease, on its own
+        keeper.heard(time.monotonic())
         seen = driver.renewals
         threading.Event().wait(0.1)
         assert driver.renewals == seen

@@ -296,7 +296,71 @@ def test_heartbeats_carry_load_and_the_table_held():
     seqs = [report["seq"] for report in sink.reports]
     assert seqs == sorted(seqs)
     assert len(set(seqs)) == len(seqs)
-    assert driver.renewals >= len(sink.reports)  # the lease was renewed before each heartbeat
+    assert driver.renewals >= len(sink.reports) - 1  # after each heartbeat the manager took
+
+
+class TimedDriver(DryRunDriver):
+    """Notes when each renewal came and how long it asked the lease to last."""
+
+    def __init__(self, rules: NodeRules) -> None:
+        super().__init__(rules)
+        self.timed: list[tuple[float, float]] = []
+
+    def renew(self, seconds: float | None = None) -> None:
+        super().renew(seconds)
+        assert self.last_renewal is not None
+        self.timed.append((time.monotonic(), self.last_renewal))
+
+
+def test_the_lease_never_outlives_the_last_heartbeat_heard_by_more_than_the_lease():
+    # The manager counts a node as alive for failover_after (> lease) after it last heard it.
+    # Each renewal must end within `lease` of a heartbeat the manager had heard by then; an
+    # agent killed anywhere (between a renewal and the post it was for, say) then stops
+    # taking connections before the manager gives its buckets away.
+    received: list[float] = []
+    sink = ReportSink()
+    handler = sink.server.RequestHandlerClass
+    original = handler.do_POST  # type: ignore[attr-defined]
+
+    def timed_post(self: Any) -> None:
+        received.append(time.monotonic())
+        original(self)
+
+    handler.do_POST = timed_post  # type: ignore[attr-defined]
+    driver = TimedDriver(NodeRules(vip=VIP, lease=0.25))
+    agent = NodeAgent(config(), driver, lambda: VipLoad(1, None))
+    agent.install()
+    stop = threading.Event()
+    keeper = LeaseKeeper(driver, 0.25, heartbeats=True)
+    beat = threading.Thread(
+        target=heartbeat_loop,
+        args=(agent, ManagerLink(sink.url, TOKEN), stop, 0.02, 0.1),
+        kwargs={"lease": keeper},
+    )
+    beat.start()
+    try:
+        assert wait_for(lambda: len(driver.timed) >= 10)
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+        sink.close()
+    for renewed_at, seconds in driver.timed:
+        heard = [at for at in received if at <= renewed_at]
+        assert heard, "a renewal came before the manager heard any heartbeat"
+        assert renewed_at + seconds <= heard[-1] + 0.25
+
+
+def test_a_heartbeat_that_took_longer_than_the_lease_renews_nothing():
+    driver = DryRunDriver(NodeRules(vip=VIP, lease=0.25))
+    keeper = LeaseKeeper(driver, 0.25, heartbeats=True)
+    keeper.heard(time.monotonic() - 0.3)
+    assert driver.renewals == 0
+    sent = time.monotonic() - 0.1
+    keeper.heard(sent)
+    assert driver.renewals == 1
+    assert driver.last_renewal is not None
+    assert 0.0 < driver.last_renewal <= 0.25 - (time.monotonic() - sent) + 0.001
+    assert driver.last_renewal <= 0.15
 
 
 def test_an_unserving_node_says_why():

@@ -447,7 +447,7 @@ class CountingDriver(DispatchDriver):
     def fence(self) -> None:
         self.calls.append("fence")
 
-    def renew(self) -> None:
+    def renew(self, seconds: float | None = None) -> None:
         self.calls.append("renew")
 
 
