@@ -49,15 +49,20 @@ PER_POOL = 100
 
 
 def write_config(
-    directory: Path, servers: int, port: int = 8799, state_url: str | None = None
+    directory: Path,
+    servers: int,
+    port: int = 8799,
+    state_url: str | None = None,
+    hold_within: float = 0.0,
 ) -> Path:
     pools = []
+    policy = f"    policy: {{hold_within: {hold_within}}}\n" if hold_within else ""
     for p in range(max(1, servers // PER_POOL)):
         members = "\n".join(
             f"      - {{id: s{p}-{i}, address: 10.{p // 250}.{p % 250}.{i + 1}}}"
             for i in range(min(PER_POOL, servers))
         )
-        pools.append(f"  - name: p{p}\n    zone: example.test\n    members:\n{members}")
+        pools.append(f"  - name: p{p}\n    zone: example.test\n{policy}    members:\n{members}")
     path = directory / "manager.yaml"
     path.write_text(
         "zones: [{name: example.test, ns: [ns1.example.test]}]\n"
@@ -91,14 +96,20 @@ def churn(index: int, round_: int) -> int:
 
 
 def tick_cpu(
-    servers: int, ticks: int, load: Callable[[int, int], int], state_url: str | None = None
-) -> tuple[float, float, float]:
-    """(min ms, median ms, in-process ingest reports/s) for one fleet size."""
+    servers: int,
+    ticks: int,
+    load: Callable[[int, int], int],
+    state_url: str | None = None,
+    hold_within: float = 0.0,
+) -> tuple[float, float, float, float]:
+    """(min ms, median ms, in-process ingest reports/s, pools published per tick) for one
+    fleet size."""
     with tempfile.TemporaryDirectory() as tmp:
         clock = FakeClock()
         if state_url is not None:
             reset_database(state_url)
-        config = load_manager_config(write_config(Path(tmp), servers, state_url=state_url))
+        path = write_config(Path(tmp), servers, state_url=state_url, hold_within=hold_within)
+        config = load_manager_config(path)
         started = time.perf_counter()
         manager = Manager(config, clock=clock)
         print(f"  ({servers} servers: start-up {time.perf_counter() - started:.2f} s)")
@@ -129,6 +140,8 @@ def tick_cpu(
         clock.advance(1)
         manager.tick()
         samples = []
+        published = 0
+        pools = manager.plan.pools if manager.plan is not None else ()
         for round_ in range(1, ticks + 1):
             report_all(round_)
             clock.advance(1)
@@ -138,7 +151,12 @@ def tick_cpu(
             ended = time.perf_counter() if state_url else time.process_time()
             samples.append((ended - started) * 1000)
             # a steady load changes no answer: the manager publishes nothing new then
-            assert plan is not None or load is steady, "every tick should publish a changed plan"
+            assert plan is not None or load is steady or hold_within, "no plan published"
+            if manager.plan is not None:
+                published += sum(
+                    new is not old for new, old in zip(manager.plan.pools, pools, strict=False)
+                )
+                pools = manager.plan.pools
             if manager.leadership is not None:
                 manager.leadership.step()  # as its renewal loop would, between ticks
         if manager.leadership is not None:
@@ -146,7 +164,7 @@ def tick_cpu(
         manager.store.close()
         gc.unfreeze()  # the next fleet size starts as this one did
         gc.set_threshold(*threshold)
-        return min(samples), statistics.median(samples), rate
+        return min(samples), statistics.median(samples), rate, published / ticks
 
 
 def reset_database(url: str) -> None:
@@ -276,25 +294,34 @@ def main() -> None:
         with throwaway_cluster() as cluster:
             print("PostgreSQL state (wall time per tick, the database's work included):")
             for servers in (100, 1_000, 10_000):
-                low, median, rate = tick_cpu(servers, ticks, drift, cluster.url)
+                low, median, rate, _ = tick_cpu(servers, ticks, drift, cluster.url)
                 print(
                     f"  {servers:>6} servers, drifting load: min {low:7.1f} ms  "
                     f"median {median:7.1f} ms  (ingest in process {rate:,.0f} reports/s)"
                 )
-            low, median, _ = tick_cpu(10_000, ticks, churn, cluster.url)
+            low, median, _, _ = tick_cpu(10_000, ticks, churn, cluster.url)
             print(f"   10000 servers, churning load: min {low:7.1f} ms  median {median:7.1f} ms")
         return
     print("tick CPU (process time per tick, every server with a fresh report):")
     rows = []
     for servers in (100, 1_000, 10_000):
-        low, median, rate = tick_cpu(servers, ticks, drift)
+        low, median, rate, published = tick_cpu(servers, ticks, drift)
         rows.append((servers, low, median, rate))
-        print(f"  {servers:>6} servers, drifting load: min {low:7.1f} ms  median {median:7.1f} ms")
-    steady_low, steady_median, _ = tick_cpu(10_000, ticks, steady)
+        print(
+            f"  {servers:>6} servers, drifting load: min {low:7.1f} ms  median {median:7.1f} ms"
+            f"  ({published:.0f} pools published per tick)"
+        )
+    for hold in (0.05, 0.1):
+        low, median, _, published = tick_cpu(10_000, ticks, drift, hold_within=hold)
+        print(
+            f"   10000 servers, drifting load, hold_within {hold}: min {low:7.1f} ms  "
+            f"median {median:7.1f} ms  ({published:.0f} pools published per tick)"
+        )
+    steady_low, steady_median, _, _ = tick_cpu(10_000, ticks, steady)
     print(
         f"   10000 servers, steady load: min {steady_low:7.1f} ms  median {steady_median:7.1f} ms"
     )
-    churn_low, churn_median, _ = tick_cpu(10_000, ticks, churn)
+    churn_low, churn_median, _, _ = tick_cpu(10_000, ticks, churn)
     print(
         f"   10000 servers, churning load: min {churn_low:7.1f} ms  median {churn_median:7.1f} ms"
     )

@@ -13,6 +13,7 @@ policy. An operator can write one by hand; the pipe backend alone is then a stat
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import math
@@ -886,23 +887,54 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             }
             for zone in plan.zones
         ],
-        "pools": [
-            {
-                "name": pool.name,
-                "k": pool.k,
-                "ttl_floor": pool.ttl_floor,
-                "fallback": pool.fallback,  # a StrEnum is a str: JSON writes its value
-                "members": [_member_to_dict(member) for member in pool.members],
-                **_networks_to_dict(pool),
-            }
-            for pool in plan.pools
-        ],
+        "pools": [_pool_to_dict(pool) for pool in plan.pools],  # last: see PlanEncoder
+    }
+
+
+def _pool_to_dict(pool: Pool) -> dict[str, Any]:
+    return {
+        "name": pool.name,
+        "k": pool.k,
+        "ttl_floor": pool.ttl_floor,
+        "fallback": pool.fallback,  # a StrEnum is a str: JSON writes its value
+        "members": [_member_to_dict(member) for member in pool.members],
+        **_networks_to_dict(pool),
     }
 
 
 def plan_to_json(plan: Plan) -> str:
     """The plan as compact JSON text with a trailing newline."""
     return json.dumps(plan_to_dict(plan), separators=(",", ":")) + "\n"
+
+
+class PlanEncoder:
+    """:func:`plan_to_json`, with each pool's text kept from the last plan encoded: a pool
+    object written again (the manager publishes the pools whose answers did not move as the
+    same objects, and every plan again when it is due) is not serialized again. Compact JSON
+    text is made of its items' texts, so the result is byte for byte :func:`plan_to_json`'s
+    (a test holds it). Serializing every pool of a 10,000-member plan took 30 ms of the
+    manager's tick, each time its plan was due again."""
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[Pool, str]] = {}  # by id(pool): the pool keeps it alive
+
+    def encode(self, plan: Plan) -> str:
+        kept = self._texts
+        texts: dict[int, tuple[Pool, str]] = {}
+        parts = []
+        for pool in plan.pools:
+            found = kept.get(id(pool))
+            if found is not None and found[0] is pool:
+                text = found[1]
+            else:
+                text = json.dumps(_pool_to_dict(pool), separators=(",", ":"))
+            texts[id(pool)] = (pool, text)
+            parts.append(text)
+        self._texts = texts
+        head = json.dumps(plan_to_dict(dataclasses.replace(plan, pools=())), separators=(",", ":"))
+        if not head.endswith('"pools":[]}'):  # pools must be the document's last key
+            return plan_to_json(plan)
+        return f"{head[:-2]}{','.join(parts)}]}}\n"
 
 
 class PoolCache:

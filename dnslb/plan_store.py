@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dnslb.errors import ConfigError
-from dnslb.plan import Plan, PoolCache, parse_plan_json, plan_to_json
+from dnslb.plan import Plan, PlanEncoder, PoolCache, parse_plan_json
 from dnslb.resp import (
     SMALL_LIMITS,
     RedisAddress,
@@ -122,7 +122,10 @@ class PlanStore(ABC):
         kept: tuple[Plan, bytes] | None = getattr(self, "_encoded", None)
         if kept is not None and kept[0] is plan:
             return kept[1]
-        text = plan_to_json(plan).encode("utf-8")
+        encoder: PlanEncoder | None = getattr(self, "_encoder", None)
+        if encoder is None:
+            encoder = self._encoder = PlanEncoder()
+        text = encoder.encode(plan).encode("utf-8")
         self._encoded = (plan, text)
         return text
 

@@ -26,6 +26,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dnslb.config import setting
 from dnslb.plan import MAX_WEIGHT, Fallback
@@ -89,6 +90,15 @@ class PoolPolicy:
         "most this",
         min=1.0,
         max=100.0,
+    )
+    hold_within: float = setting(
+        0.0,
+        help="a pool's published answers stay while its members keep their states and, in "
+        "each address family, at most this fraction of the answers would go to other servers "
+        "and the TTLs moved by at most this fraction (share-weighted): fewer plans for pdns to "
+        "compile, at that much balance; 0: published again at every change of the answers",
+        min=0.0,
+        max=1.0,
     )
     fallback: Fallback = setting(
         Fallback.FAIL_OPEN,
@@ -162,13 +172,13 @@ def update_load(
     """Fold a utilization ``sample`` taken at monotonic time ``at`` into a server's load; the
     pause verdict stays as it was until :func:`judge_pause` gives the next one."""
     if previous is None:
-        return ServerLoad(utilization=sample, sample=sample, paused=False, at=at)
-    return ServerLoad(
-        utilization=smooth(previous.utilization, sample, at - previous.at, policy.smoothing),
-        sample=sample,
-        paused=previous.paused,
-        at=at,
-        resumed_at=previous.resumed_at,
+        return ServerLoad(sample, sample, False, at)
+    return ServerLoad(  # positional, in the order of the fields: made for every report
+        smooth(previous.utilization, sample, at - previous.at, policy.smoothing),
+        sample,
+        previous.paused,
+        at,
+        previous.resumed_at,
     )
 
 
@@ -354,9 +364,10 @@ def member_ttl(utilization: float, policy: PoolPolicy) -> int:
     return round(policy.ttl_max - drop * (policy.ttl_max - policy.ttl_min))
 
 
-@dataclass(frozen=True, slots=True)
-class MemberValues:
-    """What the plan carries for one member: utilization, weight and TTL, rounded as published."""
+class MemberValues(NamedTuple):
+    """What the plan carries for one member: utilization, weight and TTL, rounded as published.
+    (A named tuple: the planner makes one for every server at every tick, and a frozen
+    dataclass takes twice as long to make.)"""
 
     utilization: float
     weight: float
@@ -384,12 +395,12 @@ def member_values(
     """
     rounded = round(utilization, 3) if utilization is not None else 0.0
     if not answered:
-        return MemberValues(utilization=rounded, weight=0.0, ttl=policy.ttl_min)
+        return MemberValues(rounded, 0.0, policy.ttl_min)
     weight = member_weight(rounded, max_concurrency or 1, serving_for, policy, correction)
     ttl = member_ttl(rounded, policy)
     if pool_serving is not None and pool_serving < policy.k:
         ttl = min(ttl, answer_ttl_cap(policy, pool_serving))
-    return MemberValues(utilization=rounded, weight=min(MAX_WEIGHT, round(weight, 2)), ttl=ttl)
+    return MemberValues(rounded, min(MAX_WEIGHT, round(weight, 2)), ttl)
 
 
 def answer_ttl_cap(policy: PoolPolicy, serving: int | None) -> int:

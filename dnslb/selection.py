@@ -460,3 +460,65 @@ def answer_shares(answers: PoolAnswers) -> dict[str, tuple[float, float]]:
         for member, (first, seen) in answer_counts(family, [1] * len(family)).items():
             shares[member] = (first / len(family), seen / len(family))
     return shares
+
+
+def answers_near(pool: Pool, published: Pool, hold: float) -> bool:
+    """Whether ``pool`` may be answered as ``published`` is: the same pool and members (ids,
+    addresses, states, locations, in the same order), and in each address family
+
+    * an active member (where none is, utilizations order the fallback: only equal
+      :func:`answers_key` values may hold it);
+    * shares of the cycle near the published ones: half the sum of the differences between
+      each active member's share of the weight, new and published, at most ``hold`` (that is
+      the fraction of answers that would go to other servers);
+    * TTLs near the published ones: each active member's relative change of TTL, weighted by
+      its published share, adds up to at most ``hold``.
+
+    Pools with client networks or a GeoIP database never are (their locations' shares follow
+    each weight).
+
+    Weights and TTLs follow every report, so under a load that moves a little every second,
+    every pool's answers moved a little at every tick, and every pipe backend compiled every
+    pool again (docs/pdns.md, Big plans)."""
+    if hold <= 0 or pool.networks or pool.geoip is not None:
+        return False
+    members, before = pool.members, published.members
+    if len(members) != len(before):
+        return False
+    if dataclasses.replace(pool, members=()) != dataclasses.replace(published, members=()):
+        return False
+    present = [False, False]  # a member of the family (IPv4, IPv6)
+    active: list[list[tuple[Member, Member]]] = [[], []]
+    for member, old in zip(members, before, strict=True):
+        state = member.state
+        if (
+            member.id != old.id
+            or member.address != old.address
+            or state is not old.state
+            or member.location != old.location
+        ):
+            return False
+        ipv6 = ":" in member.address
+        present[ipv6] = True
+        if state is MemberState.ACTIVE:
+            active[ipv6].append((member, old))
+    return all(
+        _family_near(pairs, hold) for here, pairs in zip(present, active, strict=True) if here
+    )
+
+
+def _family_near(pairs: Sequence[tuple[Member, Member]], hold: float) -> bool:
+    """:func:`answers_near` for one address family's active members, (new, published)."""
+    if not pairs:
+        return False
+    total = sum(member.weight for member, _ in pairs)
+    before = sum(old.weight for _, old in pairs)
+    if not (0 < total < math.inf and 0 < before < math.inf):  # a NaN is not either
+        return False
+    moved = 0.0
+    ttls = 0.0
+    for member, old in pairs:
+        share = old.weight / before
+        moved += abs(member.weight / total - share)
+        ttls += share * abs(member.ttl - old.ttl) / max(1, old.ttl)
+    return moved / 2 <= hold and ttls <= hold

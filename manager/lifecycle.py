@@ -49,7 +49,7 @@ from manager.providers.base import (
     Provider,
     ProviderError,
 )
-from manager.state import ServerRecord
+from manager.state import ServerRecord, server_seconds
 
 log = logging.getLogger("dnslb.manager.lifecycle")
 
@@ -83,8 +83,7 @@ def _failure(exc: Exception, call: str) -> str:
 
 def server_cost(server: ServerRecord, now: float) -> float:
     """Server-seconds from the launch request (or configuration) to termination (or ``now``)."""
-    end = server.terminated_at if server.terminated_at is not None else now
-    return max(0.0, end - server.created_at)
+    return server_seconds(server.created_at, server.terminated_at, now)
 
 
 @dataclass(slots=True)

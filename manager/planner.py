@@ -72,14 +72,17 @@ def health_of(
 
 def eligible(server: ServerRuntime, *, now: float, down_after: float) -> bool:
     """Whether ``server`` may be answered: active, with a fresh report, unpaused."""
-    report_fresh = server.report_at is not None and now - server.report_at <= down_after
+    record = server.record
+    report = server.report
+    report_at = server.report_at
     return (
-        server.state is ServerState.ACTIVE
-        and report_fresh
-        and server.report is not None
-        and not server.report.error
+        record.state is ServerState.ACTIVE
+        and report_at is not None
+        and now - report_at <= down_after
+        and report is not None
+        and not report.error
         and not server.paused
-        and not server.record.admin_paused
+        and not record.admin_paused
     )
 
 
@@ -87,12 +90,13 @@ def plan_member(
     pool: PoolRuntime, server: ServerRuntime, *, now: float, wall: float, down_after: float
 ) -> Member | None:
     """The server as a plan member, or None when it has no place in the plan yet (or any more)."""
-    state = server.state
+    record = server.record
+    state = record.state
     load = server.load
     if state is ServerState.ACTIVE:
         if eligible(server, now=now, down_after=down_after):
             member_state = MemberState.ACTIVE
-        elif server.paused or server.record.admin_paused:
+        elif server.paused or record.admin_paused:
             member_state = MemberState.PAUSED
         else:
             member_state = MemberState.DOWN  # not heard from since the manager started
@@ -100,7 +104,7 @@ def plan_member(
         member_state = _PLAN_STATES[state]
     else:
         return None
-    serving_for = wall - (server.record.serving_since or wall)
+    serving_for = wall - (record.serving_since or wall)
     values = member_values(
         load.utilization if load is not None else None,
         server.max_concurrency,
@@ -111,8 +115,8 @@ def plan_member(
         correction=server.share,
     )
     return Member(  # positional, in the order of Member's fields: built for every server
-        server.record.id,
-        server.record.address,
+        record.id,
+        record.address,
         values.weight,
         values.ttl,
         member_state,
@@ -186,10 +190,13 @@ def _member_problems(server: ServerRuntime, member: Member) -> list[str]:
         fixed = dataclasses.replace(member, weight=0.0, ttl=0, utilization=0.0)
         cached = server.member_check = ((member.id, member.address), tuple(member_problems(fixed)))
     problems = list(cached[1])
+    weight, utilization, ttl = member.weight, member.utilization, member.ttl
+    if 0 <= weight <= MAX_WEIGHT and 0 <= utilization <= MAX_UTILIZATION and 0 <= ttl <= MAX_TTL:
+        return problems  # the common case, kept cheap: it runs for every server at every tick
     for name, value, high in (
-        ("weight", member.weight, MAX_WEIGHT),
-        ("utilization", member.utilization, MAX_UTILIZATION),
-        ("ttl", member.ttl, MAX_TTL),
+        ("weight", weight, MAX_WEIGHT),
+        ("utilization", utilization, MAX_UTILIZATION),
+        ("ttl", ttl, MAX_TTL),
     ):
         if not 0 <= value <= high:  # NaN fails both comparisons
             problems.append(f"{name} {value!r} is out of range")

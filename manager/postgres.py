@@ -39,6 +39,7 @@ from manager.state import (
     PRUNE_INTERVAL,
     ServerRecord,
     Store,
+    checked_costs,
     server_row,
 )
 
@@ -327,6 +328,14 @@ class PostgresStateStore(Store):
             log.error("the state database holds over %d servers; the rest are ignored", MAX_SERVERS)
             rows = rows[:MAX_SERVERS]
         return self._records(rows)
+
+    def pool_costs(self, now: float) -> dict[str, float]:
+        rows = self._read(
+            "SELECT pool, SUM(GREATEST(0.0, COALESCE(terminated_at, %s) - created_at)) "
+            "FROM dnslb_servers GROUP BY pool",
+            (now,),
+        )
+        return checked_costs(rows)
 
     def load_servers_of(self, pool: str) -> list[ServerRecord]:
         """Every server a pool ever had, terminated ones included (through the pool index)."""

@@ -47,7 +47,7 @@ from dnslb.policy import (
     update_load,
 )
 from dnslb.report import MAX_SERVED, Report
-from dnslb.selection import FamilyKey, answers_key
+from dnslb.selection import FamilyKey, answers_key, answers_near
 from dnslb.tls import client_context, server_context
 from dnslb.tokens import token_hash
 from manager.clusters import ClusterController, HttpTablePusher
@@ -604,8 +604,7 @@ class Manager:
             self._isolated("clusters", "cluster load", self._feed_clusters, now, wall)
             for pool in self.fleet.pools.values():
                 self._isolated(f"pool {pool.name}", "capacity", pool.bound_capacities)
-                for server in list(pool.servers.values()):
-                    self._isolated(server.id, "server", self._assess, pool, server, now, wall)
+                self._assess_each(pool, now, wall)
                 pool.mean_utilization, pool.serving, unpaused = _pool_load(
                     pool, now, self.config.down_after
                 )
@@ -636,13 +635,30 @@ class Manager:
         try:
             step(*args)
         except Exception as exc:
-            self.part_errors[what] += 1
-            message = f"{type(exc).__name__}: {exc}"[:300]
-            if self._part_error_logged.get(key) != message:
-                self._part_error_logged[key] = message
-                log.exception("%s %s failed this tick (logged once); carrying on", what, key)
+            self._part_failed(key, what, exc)
         else:
             self._part_error_logged.pop(key, None)
+
+    def _part_failed(self, key: str, what: str, exc: Exception) -> None:
+        """Count a part's failure and log it, once per part and message (in the ``except``)."""
+        self.part_errors[what] += 1
+        message = f"{type(exc).__name__}: {exc}"[:300]
+        if self._part_error_logged.get(key) != message:
+            self._part_error_logged[key] = message
+            log.exception("%s %s failed this tick (logged once); carrying on", what, key)
+
+    def _assess_each(self, pool: PoolRuntime, now: float, wall: float) -> None:
+        """:meth:`_assess` every server of ``pool``, each isolated as :meth:`_isolated` does
+        (written out here: it runs for every server at every tick)."""
+        logged = self._part_error_logged
+        for server in list(pool.servers.values()):
+            try:
+                self._assess(pool, server, now, wall)
+            except Exception as exc:
+                self._part_failed(server.id, "server", exc)
+            else:
+                if logged:
+                    logged.pop(server.id, None)
 
     def _feed_clusters(self, now: float, wall: float) -> None:
         """A cluster member's load is its live nodes' load: reported for it, as its agent would."""
@@ -894,10 +910,18 @@ class Manager:
         little at every tick, while the answers, which follow a weight only as its slots in the
         cycle, mostly did not: a pool is published again only when its answers change, and the
         pipe backends then neither read nor compile it again (nor does the check below). The
-        plan holds that pool's weights and utilizations as last published."""
+        plan holds that pool's weights and utilizations as last published. With the pool's
+        ``hold_within`` above 0, a pool whose members kept their states and whose weights and
+        TTLs stayed that near the published ones is held too
+        (:func:`~dnslb.selection.answers_near`)."""
         if self._content is None:
             return content
         published = {pool.name: pool for pool in self._content.pools}
+        holds = {
+            runtime.config.dns_name: runtime.policy.hold_within
+            for runtime in self.fleet.pools.values()
+            if runtime.config.answers_for is None
+        }
         keys: dict[str, tuple[Pool, FamilyKey | None]] = {}
         pools = []
         for pool in content.pools:
@@ -905,6 +929,8 @@ class Manager:
             chosen = pool
             if old is not None and old == pool:
                 chosen = old  # the published object: its text is known downstream
+            elif old is not None and answers_near(pool, old, holds.get(pool.name, 0.0)):
+                chosen = old  # near enough to the published answers (hold_within): held
             elif old is not None:
                 key = answers_key(pool)
                 if key is not None and key == self._published_key(old):

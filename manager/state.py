@@ -36,7 +36,7 @@ import os
 import re
 import sqlite3
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +161,31 @@ class ServerRecord:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+def server_seconds(created_at: float, terminated_at: float | None, now: float) -> float:
+    """A server's cost: seconds from its launch request (or configuration) to its termination
+    (or ``now``), none when those go backwards."""
+    end = terminated_at if terminated_at is not None else now
+    return max(0.0, end - created_at)
+
+
+def checked_costs(rows: Iterable[Sequence[Any]]) -> dict[str, float]:
+    """``(pool, seconds)`` rows of a store's sum as a dict, a row that is not a pool's name and
+    a finite number of seconds left out (a store reply is checked like any input)."""
+    totals: dict[str, float] = {}
+    for row in rows:
+        if len(row) != 2:
+            continue
+        pool, seconds = row
+        if (
+            isinstance(pool, str)
+            and type(seconds) in (int, float)
+            and math.isfinite(seconds)
+            and seconds >= 0
+        ):
+            totals[pool] = float(seconds)
+    return totals
+
+
 class Store(abc.ABC):
     """What the manager keeps durably, whatever holds it: :class:`StateStore` (SQLite, one host)
     or :class:`manager.postgres.PostgresStateStore` (PostgreSQL, managers in active/standby).
@@ -191,6 +216,17 @@ class Store(abc.ABC):
     def load_servers_of(self, pool: str) -> list[ServerRecord]:
         """Every server a pool ever had, terminated ones included (for costs)."""
         return [record for record in self.load_servers() if record.pool == pool]
+
+    def pool_costs(self, now: float) -> dict[str, float]:
+        """Each pool's server-seconds at ``now`` (unix seconds), terminated servers included:
+        the sum of :func:`server_seconds` of its servers. The stores add them up in SQL, without
+        reading every server (80 ms at 10,000 servers, each time the history closes a sample)."""
+        totals: dict[str, float] = {}
+        for record in self.load_servers():
+            totals[record.pool] = totals.get(record.pool, 0.0) + server_seconds(
+                record.created_at, record.terminated_at, now
+            )
+        return totals
 
     @abc.abstractmethod
     def delete_server(self, server_id: str) -> None: ...
@@ -376,6 +412,14 @@ class StateStore(Store):
 
     def load_servers(self) -> list[ServerRecord]:
         return self._servers(self._db.execute(_SERVERS + "ORDER BY created_at, id"))
+
+    def pool_costs(self, now: float) -> dict[str, float]:
+        rows = self._db.execute(
+            "SELECT pool, SUM(MAX(0.0, COALESCE(terminated_at, ?) - created_at)) FROM servers "
+            "GROUP BY pool",
+            (now,),
+        )
+        return checked_costs(rows.fetchall())
 
     def load_servers_of(self, pool: str) -> list[ServerRecord]:
         # Only the pool's rows are read and parsed (the cost of a pool's view or history).

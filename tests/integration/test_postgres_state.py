@@ -4,6 +4,7 @@ on the database's clock, and fencing (a fenced write raises and changes nothing)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from dnslb.model import Event, ServerState
 from manager.config import StateConfig
 from manager.leadership import Fenced, Leadership, LeaseSettings
+from manager.lifecycle import server_cost
 from manager.postgres import PostgresStateStore, connect
 from manager.state import ServerRecord
 from tests.integration.postgres import PostgresCluster, postgres_cluster, reset_database
@@ -127,6 +129,27 @@ def test_servers_pools_meta_and_events_round_trip(db: Callable[[], Any]) -> None
     reopened = PostgresStateStore(db)  # the schema is there already: opened as it is
     assert reopened.get_meta("plan_version") == "7"
     reopened.close()
+
+
+def test_pool_costs_are_summed_in_the_database_as_server_cost_sums_them(
+    db: Callable[[], Any],
+) -> None:
+    store = PostgresStateStore(db)
+    records = [
+        _record("s1"),  # live: created at 1.0
+        _record("s2", ServerState.TERMINATED, terminated_at=41.0),
+        dataclasses.replace(_record("s3"), pool="api", created_at=90.0),
+        _record("s4", ServerState.TERMINATED, terminated_at=0.5),  # backwards: costs nothing
+    ]
+    with store.batch():
+        for record in records:
+            store.save_server(record)
+        assert store.pool_costs(101.0) == {"web": 100.0 + 40.0, "api": 11.0}  # in the batch
+    expected: dict[str, float] = {}
+    for record in records:
+        expected[record.pool] = expected.get(record.pool, 0.0) + server_cost(record, 101.0)
+    assert store.pool_costs(101.0) == expected
+    store.close()
 
 
 def test_a_batch_queues_its_writes_reads_see_them_and_a_failure_writes_nothing(

@@ -339,6 +339,32 @@ def test_a_pool_is_published_again_only_when_its_answers_change(lab: Lab) -> Non
     assert lab.members()["s2"] == (MemberState.ACTIVE, 89.0, 60)  # a new plan takes all
 
 
+@pytest.mark.parametrize("hold", [0.0, 0.1])
+def test_with_hold_within_answers_near_the_published_ones_are_held(
+    tmp_path: Path, hold: float
+) -> None:
+    lab = Lab(tmp_path, CONFIG.replace("share_gain: 0}", f"share_gain: 0, hold_within: {hold}}}"))
+    lab.report_all(10)
+    first = lab.step()
+    assert first is not None
+    lab.report("s1", 18)  # weight 90 -> 82: 2 % of the answers would move; the same TTL
+    plan = lab.step()
+    if hold:
+        assert plan is None
+        assert lab.members()["s1"] == (MemberState.ACTIVE, 90.0, 60)  # as published
+    else:  # its share of the cycle moved: published again
+        assert plan is not None and plan.version == first.version + 1
+        assert lab.members()["s1"] == (MemberState.ACTIVE, 82.0, 60)
+    lab.report("s1", 70)  # 90 -> 30: its share of the cycle 1/3 -> 1/7, 19 % of the answers
+    plan = lab.step()
+    assert plan is not None
+    assert lab.members()["s1"] == (MemberState.ACTIVE, 30.0, 29)
+    lab.report("s2", None, error="nothing listens")  # s2 is down: published at once
+    plan = lab.step()
+    assert plan is not None
+    assert lab.members()["s2"][0] is MemberState.DOWN
+
+
 def test_a_member_removed_from_the_config_is_terminated(lab: Lab, tmp_path: Path) -> None:
     lab.report_all(10)
     lab.step()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,11 @@ import pytest
 from dnslb.errors import PlanError
 from dnslb.plan import (
     Fallback,
+    GeoIp,
     MemberState,
+    Network,
     Plan,
+    PlanEncoder,
     PoolCache,
     parse_plan,
     parse_plan_json,
@@ -71,6 +75,51 @@ def test_round_trip_is_lossless() -> None:
     plan = parse_plan(plan_doc(generated_at=1000.5, stale_after=30))
     assert parse_plan(plan_to_dict(plan)) == plan
     assert parse_plan_json(plan_to_json(plan)) == plan
+
+
+def test_the_encoder_writes_plan_to_json_s_bytes_and_reuses_the_pools_it_wrote() -> None:
+    base = parse_plan(plan_doc())
+    located = dataclasses.replace(
+        base.pools[0],
+        networks=(Network("10.0.0.0/8", "eu"),),
+        geoip=GeoIp("/var/lib/GeoIP/City.mmdb", (("DE", "eu"),)),
+    )
+    plans = [
+        parse_plan(plan_doc(generated_at=1000.5, stale_after=30)),
+        base,
+        dataclasses.replace(base, pools=(located, base.pools[1]), epoch=2),
+        parse_plan_json(EXAMPLE.read_bytes()),
+    ]
+    encoder = PlanEncoder()
+    for plan in plans:
+        assert encoder.encode(plan) == plan_to_json(plan)
+    first = plans[0]
+    encoder.encode(first)
+    calls = []
+    original = json.dumps
+
+    def counting(*args: Any, **kwargs: Any) -> str:
+        calls.append(args[0])
+        return original(*args, **kwargs)
+
+    later = dataclasses.replace(
+        first,
+        version=8,
+        generated_at=2000.0,
+        epoch=3,
+        pools=(first.pools[0], dataclasses.replace(first.pools[1], k=1)),
+    )
+    json.dumps = counting  # type: ignore[assignment]
+    try:
+        text = encoder.encode(later)
+    finally:
+        json.dumps = original  # type: ignore[assignment]
+    assert text == plan_to_json(later)
+    # The head and the changed pool were written; the same first pool object was not.
+    assert [doc.get("name") for doc in calls] == [later.pools[1].name, None]
+    assert encoder.encode(dataclasses.replace(later, pools=())) == plan_to_json(
+        dataclasses.replace(later, pools=())
+    )
 
 
 def test_addresses_are_normalized() -> None:

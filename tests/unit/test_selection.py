@@ -18,6 +18,7 @@ from dnslb.selection import (
     FamilyKey,
     answer_ttl,
     answers_key,
+    answers_near,
     appearance_targets,
     cycle_answers,
     fallback_members,
@@ -419,3 +420,69 @@ def test_an_answers_key_looks_at_the_whole_pool() -> None:
         base, networks=(Network(network="10.0.0.0/8", location="east"),)
     )
     assert answers_key(networked) is None
+
+
+# -- answers near the published ones (hold_within) ---------------------------------------------
+
+NEAR_BASE = pool(
+    member("a", 60.0, 60),
+    member("b", 30.0, 40),
+    member("c", 0.0, 5, MemberState.PAUSED, utilization=0.9),
+    member("d", 10.0, 20, address="2001:db8::1"),
+)
+
+
+def moved(base: Pool, name: str, **changes: Any) -> Pool:
+    return dataclasses.replace(
+        base,
+        members=tuple(
+            dataclasses.replace(m, **changes) if m.id == name else m for m in base.members
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("after", "near"),
+    [
+        pytest.param(NEAR_BASE, True, id="the-same"),
+        # a and b share the IPv4 cycle 2:1; a's share 2/3 -> 65.9 / 95.9 = 0.687: 2 % moved
+        pytest.param(moved(NEAR_BASE, "a", weight=65.9, utilization=0.2), True, id="shares-within"),
+        pytest.param(moved(NEAR_BASE, "a", weight=45.1), True, id="shares-within-below"),
+        pytest.param(moved(NEAR_BASE, "a", weight=120.0), False, id="shares-beyond"),  # 13 %
+        pytest.param(moved(NEAR_BASE, "d", weight=99.0), True, id="alone-in-its-family"),
+        pytest.param(moved(NEAR_BASE, "b", ttl=52), True, id="ttl-within"),  # 1/3 * 12/40
+        pytest.param(moved(NEAR_BASE, "a", ttl=50), False, id="ttl-beyond"),  # 2/3 * 10/60
+        pytest.param(moved(NEAR_BASE, "d", ttl=23), False, id="ttl-beyond-alone"),
+        pytest.param(moved(NEAR_BASE, "c", utilization=0.1), True, id="paused-member-load"),
+        pytest.param(moved(NEAR_BASE, "c", state=MemberState.ACTIVE), False, id="resumed"),
+        pytest.param(moved(NEAR_BASE, "a", state=MemberState.PAUSED), False, id="paused"),
+        pytest.param(moved(NEAR_BASE, "a", address="10.9.9.9"), False, id="address"),
+        pytest.param(moved(NEAR_BASE, "a", location="eu"), False, id="location"),
+        pytest.param(moved(NEAR_BASE, "d", weight=float("nan")), False, id="nan-weight"),
+        pytest.param(
+            dataclasses.replace(NEAR_BASE, members=NEAR_BASE.members[:3]), False, id="one-fewer"
+        ),
+        pytest.param(
+            dataclasses.replace(NEAR_BASE, members=NEAR_BASE.members[::-1]), False, id="order"
+        ),
+        pytest.param(dataclasses.replace(NEAR_BASE, k=3), False, id="another-k"),
+        pytest.param(
+            dataclasses.replace(NEAR_BASE, networks=(Network("10.0.0.0/8", "eu"),)),
+            False,
+            id="client-networks",
+        ),
+    ],
+)
+def test_answers_near_the_published_ones(after: Pool, near: bool) -> None:
+    assert answers_near(after, NEAR_BASE, 0.1) is near
+    assert answers_near(after, NEAR_BASE, 0.0) is False  # off: only answers_key holds
+
+
+def test_a_family_without_an_active_member_is_never_near() -> None:
+    # Its fallback is ordered by utilization: only equal keys (answers_key) may hold it.
+    alone = pool(
+        member("a", 60.0, 60),
+        member("d", 0.0, 5, MemberState.PAUSED, utilization=0.5, address="2001:db8::1"),
+    )
+    assert answers_near(alone, alone, 0.5) is False
+    assert answers_near(pool(member("a", 60.0, 60)), pool(member("a", 61.0, 60)), 0.1)

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from dnslb.model import Event, ServerState
-from manager.state import PRUNE_CHUNK, SCHEMA_VERSION, StateStore
+from manager.lifecycle import server_cost
+from manager.state import (
+    PRUNE_CHUNK,
+    SCHEMA_VERSION,
+    ServerRecord,
+    StateStore,
+    Store,
+    checked_costs,
+)
 
 T0 = 1_700_000_000.0
 
@@ -256,3 +264,46 @@ def test_a_database_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
     StateStore(path).set_meta("schema_version", str(SCHEMA_VERSION + 1))
     with pytest.raises(RuntimeError, match=f"state schema {SCHEMA_VERSION + 1}"):
         StateStore(path)
+
+
+# -- costs -------------------------------------------------------------------------------------
+
+
+def _server(server_id: str, pool: str, created_at: float, terminated_at: float | None):
+    return ServerRecord(
+        id=server_id,
+        pool=pool,
+        address="192.0.2.1",
+        origin="memory",
+        state=ServerState.TERMINATED if terminated_at is not None else ServerState.ACTIVE,
+        state_reason="test",
+        state_since=created_at,
+        created_at=created_at,
+        terminated_at=terminated_at,
+    )
+
+
+def test_pool_costs_are_summed_in_sql_as_server_cost_sums_them(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    records = [
+        _server("s1", "web", T0, None),
+        _server("s2", "web", T0 + 10, T0 + 70),
+        _server("s3", "api", T0 + 50, None),
+        _server("s4", "api", T0 + 50, T0 + 20),  # a clock that went back costs nothing
+    ]
+    for record in records:
+        store.save_server(record)
+    now = T0 + 100
+    expected: dict[str, float] = {}
+    for record in records:
+        expected[record.pool] = expected.get(record.pool, 0.0) + server_cost(record, now)
+    assert store.pool_costs(now) == pytest.approx(expected)
+    assert expected == {"web": 160.0, "api": 50.0}
+    # The generic way (every server read back) gives the same sums.
+    assert Store.pool_costs(store, now) == pytest.approx(expected)
+    store.close()
+
+
+def test_a_store_reply_that_is_not_a_cost_is_left_out() -> None:
+    rows = [("web", 10.0), ("api", float("nan")), ("x", -1.0), (3, 4.0), ("y", "5"), ("z",)]
+    assert checked_costs(rows) == {"web": 10.0}
