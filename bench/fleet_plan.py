@@ -219,8 +219,11 @@ def measure_load(python: str, workdir: Path, members: int, rng: random.Random) -
 
 
 @contextlib.contextmanager
-def publisher(store: FilePlanStore, plan: Plan, fraction: float, churn: str) -> Iterator[list[int]]:
-    """Publish a changed ``plan`` every second until the block ends; yields [plans published]."""
+def publisher(
+    store: FilePlanStore, plan: Plan, fraction: float, churn: str, every: int = 1
+) -> Iterator[list[int]]:
+    """Publish ``plan`` every second until the block ends, with its pools changed every
+    ``every`` seconds (a new version and age the other seconds); yields [plans published]."""
     stop = threading.Event()
     count = [0]
 
@@ -228,7 +231,11 @@ def publisher(store: FilePlanStore, plan: Plan, fraction: float, churn: str) -> 
         rng = random.Random(7)
         current = plan
         while not stop.wait(1.0 - time.time() % 1.0):
-            current = changed(current, current.version + 1, fraction, rng, churn)
+            version = current.version + 1
+            if count[0] % every == 0:
+                current = changed(current, version, fraction, rng, churn)
+            else:
+                current = dataclasses.replace(current, version=version, generated_at=time.time())
             store.publish(current)
             count[0] += 1
 
@@ -277,7 +284,7 @@ def measure_qps(opts: argparse.Namespace, trees: list[tuple[str, Path]], workdir
             f"\np50/p99 at 2,000 QPS, {opts.members:,} members in pools of {POOL_SIZE}, "
             f"{opts.rounds} interleaved rounds of {opts.seconds:g} s; the changing plan "
             f"republished every second with {opts.changed:.0%} of its pools changed "
-            f"({opts.churn})"
+            f"({opts.churn})" + (f" every {opts.every} s" if opts.every > 1 else "")
         )
         for round_index in range(opts.rounds):
             shift = round_index % len(servers)
@@ -287,7 +294,7 @@ def measure_qps(opts: argparse.Namespace, trees: list[tuple[str, Path]], workdir
                     # same 2 CPUs) runs in both conditions; only the changing server reads it.
                     target = store if condition == "changing" else decoys[server.settings.port]
                     count = changing.enter_context(
-                        publisher(target, plan, opts.changed, opts.churn)
+                        publisher(target, plan, opts.changed, opts.churn, opts.every)
                     )
                     result = dnsperf(
                         server.settings.port,
@@ -344,6 +351,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="reshuffle",
         help="how a changed pool changes: new weights (reshuffle) or the manager's drift",
     )
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        help="change the pools every N seconds only (the others: a new version and age), as "
+        "the manager does with hold_within under a swinging load (1)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per condition (3)")
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds per round (8)")
     parser.add_argument(
@@ -354,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-qps", action="store_true", help="only the big plan's load")
     parser.add_argument("--port", type=int, default=5480, help="first DNS port to try")
     opts = parser.parse_args(argv)
+    if opts.every < 1:
+        parser.error("--every must be at least 1")
     for program in ("pdns_server", "dnsperf"):
         if shutil.which(program) is None:
             print(f"{program} is not installed", file=sys.stderr)
