@@ -452,7 +452,7 @@ class ManagerLink:
                 continue
             attempts.took(index)
             if response.status >= 300:
-                raise ProtocolError(f"manager refused the report: {response.status} {detail!r}")
+                raise ReportRefused(f"manager refused the report: {response.status} {detail!r}")
             return sent
         raise ProtocolError("; ".join(attempts.problems))
 
@@ -465,6 +465,10 @@ class ManagerLink:
         """Drop the connections (the next post opens new ones)."""
         for index in list(self._connections):
             self._drop(index)
+
+
+class ReportRefused(ProtocolError):
+    """The leading manager answered a report with a refusal: it is up, and did not count it."""
 
 
 class LeaseKeeper:
@@ -488,7 +492,9 @@ class LeaseKeeper:
     While posts fail (the manager is down or unreachable) or no manager is configured,
     :meth:`loop` renews the lease on its own every third of ``lease``, so that an outage of the
     manager does not fence the whole cluster. Then the lease protects nothing: a manager that
-    cannot hear a live agent fails its node over anyway (docs/clusters.md).
+    cannot hear a live agent fails its node over anyway (docs/clusters.md). A manager that
+    *refuses* a heartbeat (a wrong token, a report it will not take) is up and did not count
+    it: it fails the node over like one that heard nothing, so the lease is left to run out.
     """
 
     def __init__(self, driver: DispatchDriver, lease: float, *, heartbeats: bool) -> None:
@@ -519,10 +525,11 @@ class LeaseKeeper:
             if left >= 0.001:  # nft counts in milliseconds; less would round up
                 self._renew(left)
 
-    def post_failed(self) -> None:
-        """The heartbeat did not reach the manager: renew on the timer until one does."""
+    def post_failed(self, *, refused: bool = False) -> None:
+        """The heartbeat did not reach the manager: renew on the timer until one does; or the
+        manager ``refused`` it: renew nothing until one is taken."""
         with self._lock:
-            self._on_own = True
+            self._on_own = not refused
 
     def loop(self, stop: threading.Event) -> None:
         """Renew every third of ``lease`` while the lease is on its own, until ``stop``."""
@@ -550,7 +557,7 @@ def heartbeat_loop(
             sent = link.post(agent.report())
         except ProtocolError as exc:
             if lease is not None:
-                lease.post_failed()
+                lease.post_failed(refused=isinstance(exc, ReportRefused))
             if not failing:
                 log.warning("%s; retrying with backoff up to %.1f s", exc, backoff_max)
             failing = True

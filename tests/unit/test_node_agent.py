@@ -350,6 +350,45 @@ def test_the_lease_never_outlives_the_last_heartbeat_heard_by_more_than_the_leas
         assert renewed_at + seconds <= heard[-1] + 0.25
 
 
+def test_a_manager_that_refuses_the_heartbeats_gets_no_lease_renewed():
+    # It is up and does not count them: it fails the node over after failover_after, so the
+    # lease must run out before (renewing on the timer, as for a manager that is down, would
+    # let the node answer SYNs of buckets given away).
+    sink = ReportSink()
+    driver = DryRunDriver(NodeRules(vip=VIP, lease=0.25))
+    agent = NodeAgent(config(), driver, lambda: VipLoad(1, None))
+    stop = threading.Event()
+    keeper = LeaseKeeper(driver, 0.06, heartbeats=True)
+    threads = [
+        threading.Thread(
+            target=heartbeat_loop,
+            args=(agent, ManagerLink(sink.url, "not-the-token"), stop, 0.02, 0.02),
+            kwargs={"lease": keeper},
+        ),
+        threading.Thread(target=keeper.loop, args=(stop,)),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_for(lambda: sink.refused >= 5)
+        time.sleep(0.1)  # five rounds of the lease's own timer
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
+        sink.close()
+    assert driver.renewals == 0
+    keeper.post_failed()  # unreachable, not refused: the timer keeps the lease
+    stop.clear()
+    timer = threading.Thread(target=keeper.loop, args=(stop,))
+    timer.start()
+    try:
+        assert wait_for(lambda: driver.renewals >= 2)
+    finally:
+        stop.set()
+        timer.join(timeout=5)
+
+
 def test_a_heartbeat_that_took_longer_than_the_lease_renews_nothing():
     driver = DryRunDriver(NodeRules(vip=VIP, lease=0.25))
     keeper = LeaseKeeper(driver, 0.25, heartbeats=True)
