@@ -299,6 +299,16 @@ def main() -> None:
                     f"  {servers:>6} servers, drifting load: min {low:7.1f} ms  "
                     f"median {median:7.1f} ms  (ingest in process {rate:,.0f} reports/s)"
                 )
+            for hold in (0.05, 0.1):
+                low, median, _, published = tick_cpu(
+                    10_000, ticks, drift, cluster.url, hold_within=hold
+                )
+                print(
+                    f"   10000 servers, drifting load, hold_within {hold}: min {low:7.1f} ms  "
+                    f"median {median:7.1f} ms  ({published:.0f} pools published per tick)"
+                )
+            low, median, _, _ = tick_cpu(10_000, ticks, steady, cluster.url)
+            print(f"   10000 servers, steady load: min {low:7.1f} ms  median {median:7.1f} ms")
             low, median, _, _ = tick_cpu(10_000, ticks, churn, cluster.url)
             print(f"   10000 servers, churning load: min {low:7.1f} ms  median {median:7.1f} ms")
         return
