@@ -6,6 +6,7 @@
     +-- ConfigError               a configuration file (or command-line value) is wrong
     +-- PlanError                 a plan document is invalid (carries every problem found)
     +-- ProtocolError             a peer spoke a protocol wrongly (pipe lines, agent reports)
+    |   +-- agents.node_agent.ReportRefused   the leading manager refused a node agent's report
     +-- ProcessError              a program we run (pdns_server, nginx, nft) failed to start or run
     +-- SourceError               an agent's utilization source (nginx, a port...) is unreadable
     +-- dnslb.control.NotFound    no pool or server by that name (the API's 404)
