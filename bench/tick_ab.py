@@ -7,8 +7,9 @@ On this VM the speed of a CPU wanders by up to 2 x within minutes, so two benchm
 after the other cannot settle a difference of 10 %. Here one worker process per tree (this one
 and a ``git worktree`` of ``REV``) holds a manager of ``--servers`` servers in pools of 100, on
 a fake clock and in-process reports, as ``bench/manager_load.py`` does; both are pinned to the
-same CPU, and the parent asks them for one tick at a time, in turn (which goes first alternates
-each round). Each pair of ticks ran within a second of each other: the median of the pairs'
+same CPU, and the parent sends both the same reports (``manager_load.py``'s loads and
+configuration) and asks for one tick at a time, in turn (which goes first alternates each
+round). Each pair of ticks ran within a second of each other: the median of the pairs'
 ratios is what to read, beside each tree's median and minimum. The workers use only the
 manager's public API (``Manager``, ``load_manager_config``, ``FakeClock``), so any revision
 since the tick's API settled can be compared.
@@ -28,38 +29,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.manager_load import TOKEN, drift, steady, write_config
 from bench.redis_outage import worktree
 
+LOADS = {"steady": steady, "drift": drift}
+
 WORKER = r"""
-import json, math, os, sys, time
-from pathlib import Path
+import json, sys, time
 from dnslb.clock import FakeClock
 from manager.config import load_manager_config
 from manager.service import Manager
 
-servers, load_name, tmp = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-os.environ["DNSLB_TICK_AB_TOKEN"] = "tick-ab-agent-token"
-if load_name == "steady":  # wavers by one request in progress: no answer moves
-    load = lambda i, r: 40 + (i * 7 + r) % 3
-else:  # drifts as real load does: every pool's answers move a little
-    load = lambda i, r: int(40 + 30 * math.sin(i + r / 10))
-pools = []
-for p in range(max(1, servers // 100)):
-    members = "\n".join(
-        f"      - {{id: s{p}-{i}, address: 10.{p // 250}.{p % 250}.{i + 1}}}"
-        for i in range(min(100, servers))
-    )
-    pools.append(f"  - name: p{p}\n    zone: example.test\n    members:\n{members}")
-path = tmp / "manager.yaml"
-path.write_text(
-    "zones: [{name: example.test, ns: [ns1.example.test]}]\n"
-    "auth: {agent_token: env:DNSLB_TICK_AB_TOKEN}\n"
-    "down_after: 3600\n"
-    f"state: {{path: {tmp / 'state.db'}}}\n"
-    "pools:\n" + "\n".join(pools) + "\n"
-)
+config, token = sys.argv[1], sys.argv[2]
 clock = FakeClock()
-manager = Manager(load_manager_config(path), clock=clock)
+manager = Manager(load_manager_config(config), clock=clock)
 try:
     from manager.command import tune_collector
     tune_collector()
@@ -67,21 +50,19 @@ except ImportError:
     pass
 ids = list(manager.fleet.servers)
 seq = 0
-def report_all(round_):
+def report_all(loads):
     global seq
     seq += 1
-    for index, server in enumerate(ids):
+    for server, in_progress in zip(ids, loads):
         body = {"server_id": server, "seq": seq, "time": clock.time(),
-                "in_progress": load(index, round_), "max_concurrency": 100}
-        manager.ingest.accept("tick-ab-agent-token", json.dumps(body).encode())
-report_all(0)
+                "in_progress": in_progress, "max_concurrency": 100}
+        manager.ingest.accept(token, json.dumps(body).encode())
+report_all(json.loads(sys.stdin.readline()))
 clock.advance(1)
 manager.tick()
 print("ready", flush=True)
-round_ = 0
 for line in sys.stdin:
-    round_ += 1
-    report_all(round_)
+    report_all(json.loads(line))
     clock.advance(1)
     started = time.process_time()
     manager.tick()
@@ -90,21 +71,20 @@ manager.store.close()
 """
 
 
-def start(tree: Path, servers: int, load: str, cpu: int, workdir: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    workdir.mkdir()
+def start(tree: Path, config: Path, cpu: int, loads: list[int]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "DNSLB_BENCH_TOKEN": TOKEN}
     worker = subprocess.Popen(
-        [
-            *("taskset", "-c", str(cpu), sys.executable, "-c", WORKER),
-            *(str(servers), load, str(workdir)),
-        ],
+        ["taskset", "-c", str(cpu), sys.executable, "-c", WORKER, str(config), TOKEN],
         cwd=tree,
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert worker.stdin is not None
     assert worker.stdout is not None
+    worker.stdin.write(json.dumps(loads) + "\n")
+    worker.stdin.flush()
     ready = worker.stdout.readline().strip()
     if ready != "ready":
         worker.kill()
@@ -112,10 +92,11 @@ def start(tree: Path, servers: int, load: str, cpu: int, workdir: Path) -> subpr
     return worker
 
 
-def tick(worker: subprocess.Popen[str]) -> float:
+def tick(worker: subprocess.Popen[str], loads: list[int]) -> float:
+    """One round's reports, then one tick; its process time in ms."""
     assert worker.stdin is not None
     assert worker.stdout is not None
-    worker.stdin.write("tick\n")
+    worker.stdin.write(json.dumps(loads) + "\n")
     worker.stdin.flush()
     return float(worker.stdout.readline())
 
@@ -132,10 +113,16 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         there = stack.enter_context(worktree(opts.baseline))
         temp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        workers = {
-            "this tree": start(here, opts.servers, opts.load, opts.cpu, temp / "this"),
-            opts.baseline: start(there, opts.servers, opts.load, opts.cpu, temp / "baseline"),
-        }
+        load = LOADS[opts.load]
+
+        def loads(round_: int) -> list[int]:
+            return [load(index, round_) for index in range(opts.servers)]
+
+        workers = {}
+        for name, tree in (("this tree", here), (opts.baseline, there)):
+            (temp / name).mkdir()
+            config = write_config(temp / name, opts.servers)
+            workers[name] = start(tree, config, opts.cpu, loads(0))
         for worker in workers.values():
             stack.callback(worker.kill)
         times: dict[str, list[float]] = {name: [] for name in workers}
@@ -143,8 +130,9 @@ def main() -> None:
         names = list(workers)
         for round_ in range(opts.ticks):
             order = names if round_ % 2 == 0 else names[::-1]
+            sent = loads(round_ + 1)
             for name in order:
-                times[name].append(tick(workers[name]))
+                times[name].append(tick(workers[name], sent))
             ratios.append(times[names[0]][-1] / times[names[1]][-1])
         print(
             f"{opts.servers:,} servers, {opts.load} load, {opts.ticks} ticks each, "

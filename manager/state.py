@@ -217,16 +217,12 @@ class Store(abc.ABC):
         """Every server a pool ever had, terminated ones included (for costs)."""
         return [record for record in self.load_servers() if record.pool == pool]
 
+    @abc.abstractmethod
     def pool_costs(self, now: float) -> dict[str, float]:
         """Each pool's server-seconds at ``now`` (unix seconds), terminated servers included:
-        the sum of :func:`server_seconds` of its servers. The stores add them up in SQL, without
-        reading every server (80 ms at 10,000 servers, each time the history closes a sample)."""
-        totals: dict[str, float] = {}
-        for record in self.load_servers():
-            totals[record.pool] = totals.get(record.pool, 0.0) + server_seconds(
-                record.created_at, record.terminated_at, now
-            )
-        return totals
+        the sum of :func:`server_seconds` of its servers, added up in SQL without reading every
+        server (that took 80 ms at 10,000 servers, each time the history closed a sample); the
+        reply checked by :func:`checked_costs`."""
 
     @abc.abstractmethod
     def delete_server(self, server_id: str) -> None: ...

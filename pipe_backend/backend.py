@@ -453,10 +453,7 @@ class PipeBackend:
         return self._pace if self.pause_collector else _no_pace
 
     def _retire_counts(self, pool: str, counts: dict[str, tuple[int, int]]) -> None:
-        totals = self._retired_counts.setdefault(pool, {})
-        for member, (first, seen) in counts.items():
-            old_first, old_seen = totals.get(member, (0, 0))
-            totals[member] = (old_first + first, old_seen + seen)
+        _add_counts(self._retired_counts.setdefault(pool, {}), counts)
 
     def answer_counts(
         self, pace: Callable[[], None] | None = None
@@ -469,10 +466,7 @@ class PipeBackend:
             if self.table is not None:
                 pools += self.table.pools.values()
         for compiled in pools:
-            totals = result.setdefault(compiled.name, {})
-            for member, (first, seen) in compiled.answer_counts().items():
-                old_first, old_seen = totals.get(member, (0, 0))
-                totals[member] = (old_first + first, old_seen + seen)
+            _add_counts(result.setdefault(compiled.name, {}), compiled.answer_counts())
             if pace is not None:
                 pace()
         return result
@@ -710,6 +704,13 @@ class PipeBackend:
                 log.exception("request %r failed", line[:80])
                 replies.append(log_fail("dnslb: internal error answering this request"))
         return b"".join(replies)
+
+
+def _add_counts(totals: dict[str, tuple[int, int]], counts: dict[str, tuple[int, int]]) -> None:
+    """Add a pool's per-member (first, seen) answer ``counts`` into ``totals``."""
+    for member, (first, seen) in counts.items():
+        old_first, old_seen = totals.get(member, (0, 0))
+        totals[member] = (old_first + first, old_seen + seen)
 
 
 def _no_pace() -> None:

@@ -226,6 +226,7 @@ class ReportSink:
     def __init__(self) -> None:
         self.reports: list[dict[str, Any]] = []
         self.refused = 0
+        self.received_at: list[float] = []  # time.monotonic() of each report taken
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -237,6 +238,7 @@ class ReportSink:
                     self.headers.get("Authorization") == f"Bearer {TOKEN}"
                 )
                 if ok:
+                    sink.received_at.append(time.monotonic())
                     sink.reports.append(json.loads(body))
                 else:
                     sink.refused += 1
@@ -266,27 +268,48 @@ def wait_for(predicate, timeout: float = 5.0) -> bool:
     return predicate()
 
 
+@contextlib.contextmanager
+def heartbeats(
+    agent: NodeAgent,
+    keeper: LeaseKeeper,
+    sink: ReportSink,
+    *,
+    token: str = TOKEN,
+    backoff_max: float = 0.1,
+    timer: bool = False,
+) -> Iterator[None]:
+    """The agent's heartbeat loop (every 20 ms) posting to ``sink`` with ``keeper``'s lease,
+    and the lease's own timer when ``timer``; all stopped, and ``sink`` closed, at the end."""
+    stop = threading.Event()
+    threads = [
+        threading.Thread(
+            target=heartbeat_loop,
+            args=(agent, ManagerLink(sink.url, token), stop, 0.02, backoff_max),
+            kwargs={"lease": keeper},
+        )
+    ]
+    if timer:
+        threads.append(threading.Thread(target=keeper.loop, args=(stop,)))
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
+        sink.close()
+
+
 def test_heartbeats_carry_load_and_the_table_held():
     sink = ReportSink()
     driver = DryRunDriver(NodeRules(vip=VIP, lease=0.25))
     agent = NodeAgent(config(), driver, lambda: VipLoad(7, None))
     agent.install()
-    stop = threading.Event()
-    keeper = LeaseKeeper(driver, 0.25, heartbeats=True)
-    beat = threading.Thread(
-        target=heartbeat_loop,
-        args=(agent, ManagerLink(sink.url, TOKEN), stop, 0.02, 0.1),
-        kwargs={"lease": keeper},
-    )
-    beat.start()
-    try:
+    with heartbeats(agent, LeaseKeeper(driver, 0.25, heartbeats=True), sink):
         assert wait_for(lambda: len(sink.reports) >= 2)
         agent.receive_table(table_to_json(table(4)))
         assert wait_for(lambda: sink.reports[-1].get("table") is not None)
-    finally:
-        stop.set()
-        beat.join(timeout=5)
-        sink.close()
     first = parse_report(sink.reports[0])
     assert (first.server_id, first.in_progress, first.max_concurrency) == ("n1", 7, 1000)
     assert first.table is None
@@ -317,35 +340,14 @@ def test_the_lease_never_outlives_the_last_heartbeat_heard_by_more_than_the_leas
     # Each renewal must end within `lease` of a heartbeat the manager had heard by then; an
     # agent killed anywhere (between a renewal and the post it was for, say) then stops
     # taking connections before the manager gives its buckets away.
-    received: list[float] = []
     sink = ReportSink()
-    handler = sink.server.RequestHandlerClass
-    original = handler.do_POST  # type: ignore[attr-defined]
-
-    def timed_post(self: Any) -> None:
-        received.append(time.monotonic())
-        original(self)
-
-    handler.do_POST = timed_post  # type: ignore[attr-defined]
     driver = TimedDriver(NodeRules(vip=VIP, lease=0.25))
     agent = NodeAgent(config(), driver, lambda: VipLoad(1, None))
     agent.install()
-    stop = threading.Event()
-    keeper = LeaseKeeper(driver, 0.25, heartbeats=True)
-    beat = threading.Thread(
-        target=heartbeat_loop,
-        args=(agent, ManagerLink(sink.url, TOKEN), stop, 0.02, 0.1),
-        kwargs={"lease": keeper},
-    )
-    beat.start()
-    try:
+    with heartbeats(agent, LeaseKeeper(driver, 0.25, heartbeats=True), sink):
         assert wait_for(lambda: len(driver.timed) >= 10)
-    finally:
-        stop.set()
-        beat.join(timeout=5)
-        sink.close()
     for renewed_at, seconds in driver.timed:
-        heard = [at for at in received if at <= renewed_at]
+        heard = [at for at in sink.received_at if at <= renewed_at]
         assert heard, "a renewal came before the manager heard any heartbeat"
         assert renewed_at + seconds <= heard[-1] + 0.25
 
@@ -357,29 +359,13 @@ def test_a_manager_that_refuses_the_heartbeats_gets_no_lease_renewed():
     sink = ReportSink()
     driver = DryRunDriver(NodeRules(vip=VIP, lease=0.25))
     agent = NodeAgent(config(), driver, lambda: VipLoad(1, None))
-    stop = threading.Event()
     keeper = LeaseKeeper(driver, 0.06, heartbeats=True)
-    threads = [
-        threading.Thread(
-            target=heartbeat_loop,
-            args=(agent, ManagerLink(sink.url, "not-the-token"), stop, 0.02, 0.02),
-            kwargs={"lease": keeper},
-        ),
-        threading.Thread(target=keeper.loop, args=(stop,)),
-    ]
-    for thread in threads:
-        thread.start()
-    try:
+    with heartbeats(agent, keeper, sink, token="not-the-token", backoff_max=0.02, timer=True):
         assert wait_for(lambda: sink.refused >= 5)
         time.sleep(0.1)  # five rounds of the lease's own timer
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=5)
-        sink.close()
     assert driver.renewals == 0
     keeper.post_failed()  # unreachable, not refused: the timer keeps the lease
-    stop.clear()
+    stop = threading.Event()
     timer = threading.Thread(target=keeper.loop, args=(stop,))
     timer.start()
     try:
