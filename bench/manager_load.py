@@ -168,12 +168,9 @@ def tick_cpu(
 
 
 def reset_database(url: str) -> None:
-    import psycopg  # noqa: PLC0415 (the postgres extra: only with --state postgres)
+    from manager.postgres import drop_tables  # noqa: PLC0415 (the postgres extra: only here)
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "DROP TABLE IF EXISTS dnslb_meta, dnslb_servers, dnslb_pools, dnslb_events, dnslb_lease"
-        )
+    drop_tables(url)
 
 
 WRK_SCRIPT = """

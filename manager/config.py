@@ -241,6 +241,13 @@ class StateConfig:
     events_max_rows: int = setting(
         1000000, help="events kept at most (the oldest are deleted first)", min=1, max=10**12
     )
+    servers_max_age: float = setting(
+        2592000.0,
+        help="seconds a terminated server's record is kept (30 days); its cost and served "
+        "count stay in its pool's totals",
+        min=1.0,
+        max=1e10,
+    )
 
     def config_problems(self) -> Iterator[str]:
         if self.url is None:

@@ -33,13 +33,13 @@ from dnslb.dnsname import normalize
 from dnslb.model import Event, ServerState
 from dnslb.plan import Member, MemberState, Plan, Pool
 from dnslb.policy import share_factor
-from dnslb.report import MAX_SERVED
 from dnslb.selection import PoolAnswers, pool_answers
 from manager.config import MemberConfig, PoolConfig
 from manager.explain import Shares, explain_pool, rotation_shares, server_reason
 from manager.fleet import PoolRuntime, ServerRuntime
 from manager.lifecycle import server_cost
 from manager.service import Manager
+from manager.state import served_count
 
 # The parts of a tick that fail apart, each counted from 0 so that a first failure is an increase
 # Prometheus sees: Manager.tick's (what Manager._isolated is told) and ClusterController.tick's.
@@ -204,10 +204,13 @@ class Control:
         cost = 0.0
         served = 0
         by_state: Counter[str] = Counter()
+        retired = manager.store.retired().get(pool.name)
+        if retired is not None:  # its servers terminated long ago (pruned records)
+            cost, served = retired.seconds, retired.served
         for record in manager.store.load_servers_of(pool.name):
             runtime = manager.fleet.servers.get(record.id)
             cost += server_cost(record, wall)
-            served += runtime.served if runtime is not None else _stored_count(record.data)
+            served += runtime.served if runtime is not None else served_count(record.data)
             if record.state is not ServerState.TERMINATED:
                 by_state[record.state.value] += 1
         return PoolView(
@@ -446,14 +449,6 @@ class _Standing:
     answers: PoolAnswers | None
     members: Mapping[str, Member]
     shares: Mapping[str, Shares]
-
-
-def _stored_count(data: Mapping[str, Any]) -> int:
-    """A server's ``served`` count as the state database keeps it; anything else counts 0."""
-    value = data.get("served", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SERVED:
-        return 0
-    return value
 
 
 def _fractions(values: Mapping[str, tuple[float, float]]) -> dict[str, float]:

@@ -37,9 +37,11 @@ from manager.state import (
     PRUNE_CHUNK,
     PRUNE_EVERY,
     PRUNE_INTERVAL,
+    Retired,
     ServerRecord,
     Store,
     checked_costs,
+    checked_retired,
     server_row,
 )
 
@@ -48,13 +50,22 @@ log = logging.getLogger("dnslb.manager.postgres")
 DatabaseError = psycopg.Error
 """What a database that is away or refuses raises (for callers that do not import psycopg)."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the dnslb_retired table
 MAX_SERVERS = 1_000_000
 MAX_POOLS = 100_000
 MAX_TEXT = 65536
 MAX_DATA = 65536
 MAX_EVENTS_PAGE = 10_000
 _QUEUE_MAX = 5000  # writes a batch queues at most before it sends them
+TABLES = (
+    "dnslb_meta",
+    "dnslb_servers",
+    "dnslb_retired",
+    "dnslb_pools",
+    "dnslb_events",
+    "dnslb_lease",
+)
+"""Every table dnslb makes (the lease's is :mod:`manager.leadership`'s)."""
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS dnslb_meta (
@@ -80,6 +91,12 @@ _SCHEMA = [
         data TEXT NOT NULL DEFAULT '{}'
     )""",
     "CREATE INDEX IF NOT EXISTS dnslb_servers_pool ON dnslb_servers (pool)",
+    "CREATE INDEX IF NOT EXISTS dnslb_servers_terminated ON dnslb_servers (terminated_at)",
+    """CREATE TABLE IF NOT EXISTS dnslb_retired (
+        pool TEXT PRIMARY KEY,
+        seconds DOUBLE PRECISION NOT NULL,
+        served BIGINT NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS dnslb_pools (
         name TEXT PRIMARY KEY,
         spec TEXT NOT NULL,
@@ -102,6 +119,12 @@ _SCHEMA = [
 ]
 
 _VERSION_QUERY = "SELECT value FROM dnslb_meta WHERE key = 'schema_version'"
+
+
+def drop_tables(url: str) -> None:
+    """Drop every dnslb table at ``url`` (a test or a benchmark starting from nothing)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)}")
 
 
 def _schema_version(value: object) -> int:
@@ -212,8 +235,11 @@ class PostgresStateStore(Store):
                     "INSERT INTO dnslb_meta (key, value) VALUES ('schema_version', %s)",
                     (str(SCHEMA_VERSION),),
                 )
-            else:
-                _schema_version(row[0])
+            elif _schema_version(row[0]) < SCHEMA_VERSION:
+                self._conn.execute(
+                    "UPDATE dnslb_meta SET value = %s WHERE key = 'schema_version'",
+                    (str(SCHEMA_VERSION),),
+                )
 
     def close(self) -> None:
         self._conn.close()
@@ -321,7 +347,7 @@ class PostgresStateStore(Store):
     def load_servers(self) -> list[ServerRecord]:
         rows = self._read(
             f"SELECT {_SERVER_COLUMNS} FROM dnslb_servers "  # noqa: S608 (constant columns)
-            "ORDER BY created_at, id LIMIT %s",
+            "ORDER BY state = 'terminated', created_at, id LIMIT %s",  # the living first
             (MAX_SERVERS + 1,),
         )
         if len(rows) > MAX_SERVERS:
@@ -331,11 +357,34 @@ class PostgresStateStore(Store):
 
     def pool_costs(self, now: float) -> dict[str, float]:
         rows = self._read(
-            "SELECT pool, SUM(GREATEST(0.0, COALESCE(terminated_at, %s) - created_at)) "
-            "FROM dnslb_servers GROUP BY pool",
+            "SELECT pool, SUM(seconds) FROM ("
+            "SELECT pool, GREATEST(0.0, COALESCE(terminated_at, %s) - created_at) AS seconds "
+            "FROM dnslb_servers UNION ALL SELECT pool, seconds FROM dnslb_retired) AS costs "
+            "GROUP BY pool",
             (now,),
         )
         return checked_costs(rows)
+
+    def terminated_before(self, before: float, limit: int) -> list[ServerRecord]:
+        rows = self._read(
+            f"SELECT {_SERVER_COLUMNS} FROM dnslb_servers "  # noqa: S608 (constant columns)
+            "WHERE state = 'terminated' AND terminated_at < %s ORDER BY terminated_at, id "
+            "LIMIT %s",
+            (before, max(0, min(limit, MAX_SERVERS))),
+        )
+        return self._records(rows)
+
+    def retired(self) -> dict[str, Retired]:
+        return checked_retired(
+            self._read("SELECT pool, seconds, served FROM dnslb_retired LIMIT %s", (MAX_POOLS,))
+        )
+
+    def save_retired(self, pool: str, retired: Retired) -> None:
+        self._write(
+            "INSERT INTO dnslb_retired (pool, seconds, served) VALUES (%s, %s, %s) "
+            "ON CONFLICT (pool) DO UPDATE SET seconds = excluded.seconds, served = excluded.served",
+            (pool, retired.seconds, retired.served),
+        )
 
     def load_servers_of(self, pool: str) -> list[ServerRecord]:
         """Every server a pool ever had, terminated ones included (through the pool index)."""

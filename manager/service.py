@@ -61,7 +61,7 @@ from manager.leadership import Leadership
 from manager.lifecycle import PROPAGATION, PoolLifecycle
 from manager.planner import build_plan, eligible, health_of, plan_zones
 from manager.providers import ProviderContext, create_provider
-from manager.state import ServerRecord, StateStore, Store
+from manager.state import PRUNE_CHUNK, PRUNE_INTERVAL, ServerRecord, StateStore, Store
 
 log = logging.getLogger("dnslb.manager")
 
@@ -159,6 +159,7 @@ class Manager:
         self._served: dict[str, float] = {}  # server id -> TTL + propagation in the plan served
         self._content: Plan | None = None
         self._published_at: float | None = None
+        self._servers_pruned_at = -math.inf  # wall time of the last prune of old servers
         self._urgent = asyncio.Event()
         self.api: ASGIApp | None = None
         self.history = HistoryRing()  # the last hour, for the dashboard
@@ -627,7 +628,18 @@ class Manager:
                 self.plan,
                 stored_cost(self.store, wall),
             )
-            return plan
+        if not wall - PRUNE_INTERVAL < self._servers_pruned_at <= wall:
+            self._servers_pruned_at = wall
+            self._isolated("state", "retention", self._prune_servers, wall)
+        return plan
+
+    def _prune_servers(self, wall: float) -> None:
+        """Delete the records of servers terminated over ``servers_max_age`` ago, a chunk at a
+        time (:meth:`~manager.state.Store.prune_servers`); a store far behind catches up at the
+        next ticks."""
+        before = wall - self.config.state.servers_max_age
+        if self.store.prune_servers(before) >= PRUNE_CHUNK:
+            self._servers_pruned_at = -math.inf  # more to go: again at the next tick
 
     def _isolated(self, key: str, what: str, step: Callable[..., object], *args: object) -> None:
         """Run one part of a tick; a failure is counted and logged once per part and message,

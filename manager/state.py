@@ -18,10 +18,16 @@ newest ``events_max_rows`` (1,000,000) are deleted. Pruning is cheap and occasio
 one long stall of the event loop), through indexes only. Age is measured from the newest event's
 time, the manager's own clock, so that a store never mixes clocks (a test's fake clock, say).
 
+**Bounded servers.** A terminated server's record is kept ``servers_max_age`` seconds (30 days)
+after its termination, then deleted by the leading manager (:meth:`Store.prune_servers`, once a
+minute, a chunk at a time), what it cost and served added to its pool's totals in the
+``retired`` table in the same transaction: costs and served counts read the same after.
+
 **Schema versions.** A database of an older schema is migrated when opened: schema 1 kept a
 state change only as text (``"active -> draining: scale in"``); schema 2 adds the ``from_state``
 and ``to_state`` columns of events, and the migration fills them from the old rows' text and keeps
-the rest as their reason. A database of a newer schema than this dnslb knows is refused.
+the rest as their reason; schema 3 adds the ``retired`` table. A database of a newer schema than
+this dnslb knows is refused.
 """
 
 from __future__ import annotations
@@ -42,10 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from dnslb.model import Event, ServerState
+from dnslb.report import MAX_SERVED
 
 log = logging.getLogger("dnslb.manager.state")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def server_row(record: ServerRecord) -> tuple[object, ...]:
@@ -87,6 +94,9 @@ PRUNE_INTERVAL = 60.0
 PRUNE_CHUNK = 5000
 """Rows one prune deletes at most (tens of milliseconds at a million rows: see
 bench/state_events.py)."""
+SERVERS_MAX_AGE = 30 * 86400.0
+"""Default: seconds a terminated server's record is kept (its cost and served count stay in
+its pool's retired totals)."""
 
 _STATES = "|".join(state.value for state in ServerState)
 _SCHEMA_1_TRANSITION = re.compile(
@@ -118,6 +128,12 @@ CREATE TABLE IF NOT EXISTS servers (
     data TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS servers_pool ON servers (pool);
+CREATE INDEX IF NOT EXISTS servers_terminated ON servers (terminated_at);
+CREATE TABLE IF NOT EXISTS retired (
+    pool TEXT PRIMARY KEY,
+    seconds REAL NOT NULL,
+    served INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS pools (
     name TEXT PRIMARY KEY,
     spec TEXT NOT NULL,
@@ -166,6 +182,45 @@ def server_seconds(created_at: float, terminated_at: float | None, now: float) -
     (or ``now``), none when those go backwards."""
     end = terminated_at if terminated_at is not None else now
     return max(0.0, end - created_at)
+
+
+def served_count(data: Any) -> int:
+    """A server's ``served`` count as the state database keeps it (in its record's ``data``);
+    anything else counts 0."""
+    value = data.get("served", 0) if isinstance(data, dict) else 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SERVED:
+        return 0
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """What a pool's pruned servers (terminated long ago, their records deleted) cost and
+    served, in total."""
+
+    seconds: float = 0.0
+    served: int = 0
+
+
+def checked_retired(rows: Iterable[Sequence[Any]]) -> dict[str, Retired]:
+    """``(pool, seconds, served)`` rows as :class:`Retired` by pool; a row that is not a pool's
+    name, a finite number of seconds at least 0 and a count within ``MAX_SERVED`` is left out
+    (a store reply is checked like any input)."""
+    totals: dict[str, Retired] = {}
+    for row in rows:
+        if len(row) != 3:
+            continue
+        pool, seconds, served = row
+        if (
+            isinstance(pool, str)
+            and type(seconds) in (int, float)
+            and math.isfinite(seconds)
+            and seconds >= 0
+            and type(served) is int
+            and 0 <= served <= MAX_SERVED
+        ):
+            totals[pool] = Retired(float(seconds), served)
+    return totals
 
 
 def checked_costs(rows: Iterable[Sequence[Any]]) -> dict[str, float]:
@@ -220,12 +275,49 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def pool_costs(self, now: float) -> dict[str, float]:
         """Each pool's server-seconds at ``now`` (unix seconds), terminated servers included:
-        the sum of :func:`server_seconds` of its servers, added up in SQL without reading every
-        server (that took 80 ms at 10,000 servers, each time the history closed a sample); the
-        reply checked by :func:`checked_costs`."""
+        the sum of :func:`server_seconds` of its servers and its :class:`Retired` seconds,
+        added up in SQL without reading every server (that took 80 ms at 10,000 servers, each
+        time the history closed a sample); the reply checked by :func:`checked_costs`."""
 
     @abc.abstractmethod
     def delete_server(self, server_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def terminated_before(self, before: float, limit: int) -> list[ServerRecord]:
+        """Up to ``limit`` servers terminated before ``before`` (unix seconds), oldest first."""
+
+    @abc.abstractmethod
+    def retired(self) -> dict[str, Retired]:
+        """Each pool's :class:`Retired` totals (pools that never had a server pruned: none),
+        checked by :func:`checked_retired`."""
+
+    @abc.abstractmethod
+    def save_retired(self, pool: str, retired: Retired) -> None: ...
+
+    def prune_servers(self, before: float, *, limit: int = PRUNE_CHUNK) -> int:
+        """Delete up to ``limit`` servers terminated before ``before`` (unix seconds), oldest
+        first, adding what each cost and served to its pool's :class:`Retired` totals in the
+        same transaction: a pool's cost and served count read the same before and after. The
+        number deleted (``limit`` or more: call again, there may be more).
+
+        Without this the servers table grew with every scale-in, forever: every start-up, every
+        takeover and every standby's refresh read it whole."""
+        with self.batch():
+            records = self.terminated_before(before, limit)
+            if not records:
+                return 0
+            totals = self.retired()
+            for pool in sorted({record.pool for record in records}):
+                seconds = totals.get(pool, Retired()).seconds
+                served = totals.get(pool, Retired()).served
+                for record in records:
+                    if record.pool == pool:
+                        seconds += server_seconds(record.created_at, record.terminated_at, before)
+                        served = min(MAX_SERVED, served + served_count(record.data))
+                self.save_retired(pool, Retired(seconds, served))
+            for record in records:
+                self.delete_server(record.id)
+        return len(records)
 
     @abc.abstractmethod
     def save_pool(self, name: str, spec: dict[str, Any], now: float) -> None: ...
@@ -330,6 +422,7 @@ class StateStore(Store):
                         "UPDATE events SET from_state = ?, to_state = ?, reason = ? WHERE id = ?",
                         (match["from"], match["to"], match["reason"], event_id),
                     )
+            # schema 3 adds the retired table: created by the schema script already
             self.set_meta("schema_version", str(SCHEMA_VERSION))
         log.info("%s: state schema %d migrated to %d", self.path, version, SCHEMA_VERSION)
 
@@ -411,11 +504,31 @@ class StateStore(Store):
 
     def pool_costs(self, now: float) -> dict[str, float]:
         rows = self._db.execute(
-            "SELECT pool, SUM(MAX(0.0, COALESCE(terminated_at, ?) - created_at)) FROM servers "
-            "GROUP BY pool",
+            "SELECT pool, SUM(seconds) FROM ("
+            "SELECT pool, MAX(0.0, COALESCE(terminated_at, ?) - created_at) AS seconds "
+            "FROM servers UNION ALL SELECT pool, seconds FROM retired) GROUP BY pool",
             (now,),
         )
         return checked_costs(rows.fetchall())
+
+    def terminated_before(self, before: float, limit: int) -> list[ServerRecord]:
+        return self._servers(
+            self._db.execute(
+                _SERVERS + "WHERE state = 'terminated' AND terminated_at < ? "
+                "ORDER BY terminated_at, id LIMIT ?",
+                (before, limit),
+            )
+        )
+
+    def retired(self) -> dict[str, Retired]:
+        return checked_retired(self._db.execute("SELECT pool, seconds, served FROM retired"))
+
+    def save_retired(self, pool: str, retired: Retired) -> None:
+        self._db.execute(
+            "INSERT INTO retired (pool, seconds, served) VALUES (?, ?, ?) ON CONFLICT (pool) "
+            "DO UPDATE SET seconds = excluded.seconds, served = excluded.served",
+            (pool, retired.seconds, retired.served),
+        )
 
     def load_servers_of(self, pool: str) -> list[ServerRecord]:
         # Only the pool's rows are read and parsed (the cost of a pool's view or history).

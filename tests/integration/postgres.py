@@ -11,10 +11,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from daemons.postgres import PostgresCluster, throwaway_cluster, unavailable_reason
+from manager.postgres import drop_tables
 
 __all__ = ["PostgresCluster", "SocketProxy", "postgres_cluster", "reset_database"]
 
@@ -31,10 +31,7 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
 
 def reset_database(cluster: PostgresCluster) -> None:
     """Drop every dnslb table (a test starting from an empty database)."""
-    with psycopg.connect(cluster.url, autocommit=True) as conn:
-        conn.execute(
-            "DROP TABLE IF EXISTS dnslb_meta, dnslb_servers, dnslb_pools, dnslb_events, dnslb_lease"
-        )
+    drop_tables(cluster.url)
 
 
 class SocketProxy:

@@ -16,8 +16,8 @@ from dnslb.model import Event, ServerState
 from manager.config import StateConfig
 from manager.leadership import Fenced, Leadership, LeaseSettings
 from manager.lifecycle import server_cost
-from manager.postgres import PostgresStateStore, connect
-from manager.state import ServerRecord
+from manager.postgres import SCHEMA_VERSION, PostgresStateStore, connect
+from manager.state import Retired, ServerRecord
 from tests.integration.postgres import PostgresCluster, postgres_cluster, reset_database
 
 pytestmark = pytest.mark.integration
@@ -101,7 +101,7 @@ def test_servers_pools_meta_and_events_round_trip(db: Callable[[], Any]) -> None
     assert store.load_servers_of("other") == []
     assert store.load_servers_of("web") == store.load_servers()
     assert store.get_meta("plan_version") == "7"
-    assert store.get_meta("schema_version") == "1"
+    assert store.get_meta("schema_version") == str(SCHEMA_VERSION)
     assert store.load_pools() == [{"name": "api", "zone": "example.com"}]
     first = store.add_event(Event(time=10.0, kind="state", reason="up", pool="web", server="s1"))
     second = store.add_event(
@@ -149,6 +149,42 @@ def test_pool_costs_are_summed_in_the_database_as_server_cost_sums_them(
     for record in records:
         expected[record.pool] = expected.get(record.pool, 0.0) + server_cost(record, 101.0)
     assert store.pool_costs(101.0) == expected
+    store.close()
+
+
+def test_pruning_old_servers_keeps_their_pools_costs_and_served_counts(
+    db: Callable[[], Any],
+) -> None:
+    store = PostgresStateStore(db)
+    old = {"state": ServerState.TERMINATED, "data": {"served": 5}}
+    records = [
+        _record("old1", terminated_at=11.0, **old),
+        _record("old2", terminated_at=21.0, **old),
+        dataclasses.replace(_record("old3", terminated_at=31.0, **old), pool="api"),
+        _record("recent", terminated_at=500.0, **old),
+        _record("live"),
+    ]
+    for record in records:
+        store.save_server(record)
+    costs = store.pool_costs(1000.0)
+    assert store.prune_servers(100.0, limit=2) == 2
+    assert store.prune_servers(100.0) == 1
+    assert sorted(r.id for r in store.load_servers()) == ["live", "recent"]
+    assert store.retired() == {"web": Retired(10.0 + 20.0, 10), "api": Retired(30.0, 5)}
+    assert store.pool_costs(1000.0) == costs
+    store.close()
+
+
+def test_a_database_of_schema_1_gets_the_retired_table(db: Callable[[], Any]) -> None:
+    PostgresStateStore(db).close()
+    conn = db()
+    conn.execute("DROP TABLE dnslb_retired")
+    conn.execute("UPDATE dnslb_meta SET value = '1' WHERE key = 'schema_version'")
+    store = PostgresStateStore(db)
+    assert store.get_meta("schema_version") == str(SCHEMA_VERSION)
+    store.save_server(_record("s1", ServerState.TERMINATED, terminated_at=11.0))
+    assert store.prune_servers(100.0) == 1
+    assert store.retired() == {"web": Retired(10.0, 0)}
     store.close()
 
 
@@ -208,7 +244,7 @@ def test_rows_that_this_dnslb_did_not_write_are_skipped(db: Callable[[], Any]) -
 def test_a_newer_schema_is_refused(db: Callable[[], Any]) -> None:
     PostgresStateStore(db).close()
     db().execute("UPDATE dnslb_meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(RuntimeError, match="schema 99, this dnslb knows 1"):
+    with pytest.raises(RuntimeError, match=f"schema 99, this dnslb knows {SCHEMA_VERSION}"):
         PostgresStateStore(db)
 
 
@@ -288,6 +324,11 @@ def test_a_fenced_write_raises_and_changes_nothing(db: Callable[[], Any]) -> Non
     assert store_b.events() == []
     store_b.save_server(_record("s2"))  # b leads: written
     assert [r.id for r in store_b.load_servers()] == ["s1", "s2"]
+    store_b.save_server(_record("t", ServerState.TERMINATED, terminated_at=2.0))
+    with pytest.raises(Fenced):  # a's prune too: nothing deleted, nothing retired
+        store_a.prune_servers(1e12)
+    assert [r.id for r in store_b.load_servers()] == ["s1", "s2", "t"]
+    assert store_b.retired() == {}
 
 
 def test_a_batch_fenced_at_its_first_write_writes_nothing(db: Callable[[], Any]) -> None:

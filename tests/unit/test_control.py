@@ -16,6 +16,7 @@ from dnslb.plan import MemberState
 from manager.config import load_manager_config
 from manager.control import Control
 from manager.service import Manager
+from manager.state import Retired, ServerRecord
 
 CONFIG = """
 zones: [{name: example.test, ns: [ns1.example.test]}]
@@ -93,6 +94,42 @@ def test_views_describe_pools_servers_and_the_plan(tmp_path: Path) -> None:
     assert lab.control.stats().reports["accepted"] == 6
     with pytest.raises(NotFound):
         lab.control.server("nope")
+
+
+def test_servers_terminated_long_ago_are_pruned_and_their_pool_keeps_its_cost(
+    tmp_path: Path,
+) -> None:
+    lab = Lab(tmp_path)
+    lab.step()
+    wall = lab.clock.time()
+    store = lab.manager.store
+    month = lab.manager.config.state.servers_max_age
+    assert month == 30 * 86400  # the default
+    for server_id, terminated_at in (("gone", wall - month - 60), ("recent", wall - 60)):
+        store.save_server(
+            ServerRecord(
+                id=server_id,
+                pool="www",
+                address="10.0.0.9",
+                origin="memory",
+                state=ServerState.TERMINATED,
+                state_reason="scale in",
+                state_since=terminated_at,
+                created_at=terminated_at - 3600,
+                terminated_at=terminated_at,
+                data={"served": 40},
+            )
+        )
+    servers = lab.manager.fleet.servers
+    [before] = lab.control.pools()
+    assert before.served == 40 + 40 + servers["s1"].served + servers["s2"].served
+    lab.clock.advance(61)  # a prune at most once a minute
+    lab.step()
+    assert sorted(r.id for r in store.load_servers_of("www")) == ["recent", "s1", "s2"]
+    assert store.retired() == {"www": Retired(3600.0, 40)}
+    [after] = lab.control.pools()
+    assert after.cost_seconds == pytest.approx(before.cost_seconds + 2 * 62)  # s1, s2 ran on
+    assert after.served == 40 + 40 + servers["s1"].served + servers["s2"].served
 
 
 def test_admin_actions_win_over_the_policy_until_cleared(tmp_path: Path) -> None:

@@ -19,9 +19,11 @@ from manager.lifecycle import server_cost
 from manager.state import (
     PRUNE_CHUNK,
     SCHEMA_VERSION,
+    Retired,
     ServerRecord,
     StateStore,
     checked_costs,
+    checked_retired,
 )
 
 T0 = 1_700_000_000.0
@@ -282,6 +284,10 @@ def _server(server_id: str, pool: str, created_at: float, terminated_at: float |
     )
 
 
+def _fields(record: ServerRecord) -> dict[str, object]:
+    return {name: getattr(record, name) for name in ServerRecord.__slots__}
+
+
 def test_pool_costs_are_summed_in_sql_as_server_cost_sums_them(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state.db")
     records = [
@@ -299,6 +305,69 @@ def test_pool_costs_are_summed_in_sql_as_server_cost_sums_them(tmp_path: Path) -
     assert store.pool_costs(now) == pytest.approx(expected)
     assert expected == {"web": 160.0, "api": 50.0}
     store.close()
+
+
+def test_pruning_old_servers_keeps_their_pools_costs_and_served_counts(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    records = [
+        _server("old1", "web", T0, T0 + 100),
+        _server("old2", "web", T0 + 10, T0 + 200),
+        _server("old3", "api", T0, T0 + 50),
+        _server("recent", "web", T0, T0 + 5000),  # terminated after the cut-off: kept
+        _server("live", "web", T0, None),  # never pruned, however old
+    ]
+    for record in records:
+        store.save_server(ServerRecord(**{**_fields(record), "data": {"served": 7}}))
+    now = T0 + 9000
+    costs = store.pool_costs(now)
+
+    assert store.prune_servers(T0 + 1000, limit=2) == 2  # a chunk: the two oldest
+    assert store.prune_servers(T0 + 1000, limit=2) == 1
+    assert store.prune_servers(T0 + 1000) == 0
+
+    assert sorted(r.id for r in store.load_servers()) == ["live", "recent"]
+    assert store.retired() == {"web": Retired(100.0 + 190.0, 14), "api": Retired(50.0, 7)}
+    assert store.pool_costs(now) == pytest.approx(costs)
+    store.close()
+
+
+def test_pruning_adds_to_what_an_earlier_prune_retired(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    store.save_server(_server("a", "web", T0, T0 + 10))
+    store.prune_servers(T0 + 100)
+    store.save_server(_server("b", "web", T0, T0 + 20))
+    store.prune_servers(T0 + 100)
+    assert store.retired() == {"web": Retired(30.0, 0)}
+    assert store.pool_costs(T0 + 100) == {"web": 30.0}
+    store.close()
+
+
+def test_a_prune_that_fails_changes_nothing(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    store.save_server(_server("a", "web", T0, T0 + 10))
+
+    def broken(pool: str, retired: Retired) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    store.save_retired = broken  # type: ignore[method-assign]
+    with pytest.raises(sqlite3.OperationalError):
+        store.prune_servers(T0 + 100)
+    assert [r.id for r in store.load_servers()] == ["a"]  # the delete rolled back with it
+    assert store.pool_costs(T0 + 100) == {"web": 10.0}
+    store.close()
+
+
+def test_a_store_reply_that_is_not_a_retired_total_is_left_out() -> None:
+    rows = [
+        ("web", 10.0, 3),
+        ("nan", float("nan"), 1),
+        ("neg", -1.0, 1),
+        ("big", 1.0, 2**63),
+        ("bool", 1.0, True),
+        (3, 1.0, 1),
+        ("short", 1.0),
+    ]
+    assert checked_retired(rows) == {"web": Retired(10.0, 3)}
 
 
 def test_a_store_reply_that_is_not_a_cost_is_left_out() -> None:
