@@ -300,6 +300,32 @@ def share_factor(correction: float, policy: PoolPolicy) -> float:
     return math.exp(min(bound, max(-bound, correction)))
 
 
+def inferred_correction(
+    weight: float,
+    utilization: float,
+    max_concurrency: int,
+    serving_for: float,
+    policy: PoolPolicy,
+) -> float | None:
+    """The share correction (:func:`correct_shares`) a published ``weight`` was made with by
+    :func:`member_weight` from the rest, within the pool's bounds; None when the weight cannot
+    tell: the pool corrects no shares, the server was still in its slow start, or the weight is
+    under 1 (a plan rounds weights to hundredths) or at ``MAX_WEIGHT`` (cut there).
+
+    A manager that takes over, or starts again, reads its share corrections back from the plan
+    last published this way, instead of learning them again from nothing while order-keeping
+    resolvers skew the pool (``utilization`` is the plan's, rounded as the weight was made)."""
+    if not policy.corrects_shares or not 1.0 <= weight < MAX_WEIGHT or max_concurrency < 1:
+        return None
+    if policy.slow_start > 0 and serving_for < policy.slow_start:
+        return None
+    spare = max(WEIGHT_FUNCTIONS[policy.weight_function](utilization), policy.weight_floor)
+    if not spare > 0:
+        return None
+    bound = math.log(policy.share_bound)
+    return min(bound, max(-bound, math.log(weight / (max_concurrency * spare))))
+
+
 SHARE_STEP = 5.0
 """Longest time, in seconds, one share correction integrates over (a tick held up for a minute
 must not move the weights by a minute's worth at once)."""

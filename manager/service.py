@@ -36,11 +36,12 @@ from dnslb.control import AdminAction, Conflict, NotFound
 from dnslb.dnsname import normalize
 from dnslb.errors import ConfigError, PlanError
 from dnslb.model import ServerState
-from dnslb.plan import MemberState, Plan, Pool, PoolCache, normal_address, parse_plan_json
+from dnslb.plan import Member, MemberState, Plan, Pool, PoolCache, normal_address, parse_plan_json
 from dnslb.plan_store import FilePlanStore, PlanStore, open_store
 from dnslb.policy import (
     ServerLoad,
     correct_shares,
+    inferred_correction,
     judge_pause,
     pause_room,
     pause_threshold,
@@ -142,6 +143,9 @@ class Manager:
             seq_reset_after=self.config.down_after,
         )
         self.started_at = self.clock.monotonic()
+        # The plan out there when this manager started or took over, by member: its weights
+        # give back the share corrections it was made with (_inherit).
+        self._inherited: dict[str, tuple[Member, float]] = {}
         # A manager whose state was lost restarts at the published plan's version, not at 1:
         # pipe backends refuse a version lower than the one they serve (within one epoch).
         self.version = max(int(self.store.get_meta("plan_version") or 0), self._published_version())
@@ -420,14 +424,23 @@ class Manager:
 
     def _published_version(self) -> int:
         """The version of the plan in the plan store now, 0 when there is none readable (a
-        version too close to the largest a plan may carry is not taken: it cannot grow)."""
+        version too close to the largest a plan may carry is not taken: it cannot grow). Its
+        members' weights are kept to read share corrections back from (:meth:`_inherit`)."""
+        self._inherited = {}
         try:
             if self.publisher.stamp() is None:
                 return 0
-            version = self.publisher.read().version
+            published = self.publisher.read()
         except (PlanError, OSError) as exc:
             log.warning("cannot read the published plan at %s: %s", self.publisher.describe(), exc)
             return 0
+        version = published.version
+        self._inherited = {
+            member.id: (member, published.generated_at)
+            for pool in published.pools
+            for member in pool.members
+            if member.state is MemberState.ACTIVE and published.generated_at is not None
+        }
         if version > MAX_PLAN_VERSION:
             log.warning(
                 "the published plan's version %d is beyond %d: numbering plans from the stored one",
@@ -783,6 +796,8 @@ class Manager:
                     server.share = 0.0
                 else:
                     answered.append(server)
+        if self._inherited:
+            self._inherit(pool, answered)
         corrections = correct_shares(
             [server.share for server in answered],
             [server.load.utilization if server.load else 0.0 for server in answered],
@@ -791,6 +806,28 @@ class Manager:
         )
         for server, correction in zip(answered, corrections, strict=True):
             server.share = correction
+
+    def _inherit(self, pool: PoolRuntime, answered: list[ServerRuntime]) -> None:
+        """Read the share corrections of ``pool``'s answered servers back from the plan
+        published before this manager started or took over
+        (:func:`~dnslb.policy.inferred_correction`): the pool keeps
+        its balance through a failover or a restart instead of learning it again. Each server's
+        is taken when it is first answered, until this manager publishes its own first plan."""
+        for server in answered:
+            found = self._inherited.pop(server.id, None)
+            serving_since = server.record.serving_since
+            if found is None or serving_since is None:
+                continue
+            member, generated_at = found
+            correction = inferred_correction(
+                member.weight,
+                member.utilization,
+                server.max_concurrency or 1,
+                generated_at - serving_since,
+                pool.policy,
+            )
+            if correction is not None:
+                server.share = correction
 
     def _log_pause(
         self,
@@ -910,6 +947,7 @@ class Manager:
         self._content = content
         self._published_at = now
         self.plan = plan
+        self._inherited = {}  # its own plan is out: what the last one said is past
         self._note_answers(plan, wall)
         return plan
 

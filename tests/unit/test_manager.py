@@ -586,6 +586,36 @@ def test_the_share_correction_takes_weight_from_a_server_that_stays_busier(
     assert s1 < s2 < math.log(2)
 
 
+def test_a_restarted_manager_reads_its_share_corrections_back_from_the_published_plan(
+    tmp_path: Path,
+) -> None:
+    lab = Lab(tmp_path, CONFIG.replace("share_gain: 0}", "share_gain: 0.1, share_bound: 2}"))
+    loads = {"s1": 60, "s2": 40, "s3": 20}
+
+    def tick() -> None:
+        for server, in_progress in loads.items():
+            lab.report(server, in_progress)
+        lab.step()
+
+    for _ in range(11):
+        tick()
+    before = {server.id: server.share for server in lab.manager.fleet.servers.values()}
+    weights = {server: weight for server, (_, weight, _) in lab.members().items()}
+    assert before == pytest.approx({"s1": -0.2, "s2": 0.0, "s3": 0.2})
+
+    lab.restart()  # the same plan file: what a standby taking over reads too
+    assert all(server.share == 0.0 for server in lab.manager.fleet.servers.values())
+    tick()  # the first plan of the new manager: the same loads, the same weights
+    after = {server.id: server.share for server in lab.manager.fleet.servers.values()}
+    assert after == pytest.approx(before, abs=1e-3)  # weights carry hundredths
+    assert {server: weight for server, (_, weight, _) in lab.members().items()} == weights
+
+    lab.restart()
+    lab.manager._inherited.clear()  # a manager that found no plan starts from none
+    tick()
+    assert all(server.share == 0.0 for server in lab.manager.fleet.servers.values())
+
+
 def test_the_manager_command_moves_its_loaded_state_out_of_the_collectors_sight() -> None:
     threshold = gc.get_threshold()
     before = gc.get_freeze_count()

@@ -14,6 +14,7 @@ from dnslb.policy import (
     ServerLoad,
     answer_ttl_cap,
     correct_shares,
+    inferred_correction,
     is_paused,
     judge_pause,
     member_ttl,
@@ -363,3 +364,31 @@ def test_a_lying_server_moves_only_its_own_share_correction(lie: float) -> None:
     lied = correct_shares([0.1, -0.1, 0.0], [0.6, 0.3, lie], 1.0, SHARES)
     assert lied[0] - lied[1] == pytest.approx(honest[0] - honest[1])
     assert all(abs(c) <= math.log(SHARES.share_bound) for c in lied)
+
+
+@pytest.mark.parametrize("correction", [-0.6, -0.2, 0.0, 0.1, 0.69])
+@pytest.mark.parametrize(("utilization", "max_concurrency"), [(0.0, 100), (0.37, 8), (0.99, 50)])
+def test_a_published_weight_gives_back_the_correction_it_was_made_with(
+    correction: float, utilization: float, max_concurrency: int
+) -> None:
+    policy = dataclasses.replace(SHARES, slow_start=30.0)
+    values = member_values(
+        utilization, max_concurrency, 60.0, policy, answered=True, correction=correction
+    )
+    found = inferred_correction(values.weight, values.utilization, max_concurrency, 60.0, policy)
+    assert found is not None
+    # the weight carries hundredths: the correction comes back within their share of it
+    assert found == pytest.approx(correction, abs=0.005 / values.weight * 1.01 + 1e-9)
+
+
+def test_a_weight_that_cannot_tell_its_correction_gives_none() -> None:
+    ramping = dataclasses.replace(SHARES, slow_start=30.0)
+    assert inferred_correction(40.0, 0.6, 100, 10.0, ramping) is None  # still ramping up
+    assert inferred_correction(40.0, 0.6, 100, 60.0, ramping) is not None
+    off = dataclasses.replace(SHARES, share_gain=0)
+    assert inferred_correction(40.0, 0.6, 100, 60.0, off) is None
+    assert inferred_correction(0.5, 0.6, 100, 60.0, SHARES) is None  # too few digits
+    assert inferred_correction(1e9, 0.0, 10**9, 60.0, SHARES) is None  # cut at MAX_WEIGHT
+    # a plan may say anything: the correction stays within the pool's bounds
+    assert inferred_correction(1e6, 1.0, 1, 60.0, SHARES) == pytest.approx(math.log(2))
+    assert inferred_correction(1.0, 0.0, 10**6, 60.0, SHARES) == pytest.approx(-math.log(2))
