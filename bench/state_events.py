@@ -10,6 +10,10 @@ with the default pruning (every 1,000 inserts or a minute of event time, 10,000 
   nothing to delete;
 - one prune by age, 10,000 rows past ``events_max_age``.
 
+Then the servers table with ``--servers`` terminated servers (100,000) beside 10,000 live ones:
+reading every server (start-up, a takeover), one prune of old servers (``PRUNE_CHUNK`` of them,
+their cost kept), one with nothing to do, and the read again once all are pruned.
+
     .venv/bin/python bench/state_events.py            # about a minute
     .venv/bin/python bench/state_events.py --rows 200000
 
@@ -23,11 +27,12 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from dnslb.model import Event
+from dnslb.model import Event, ServerState
 from evaluation.percentile import percentile
-from manager.state import PRUNE_CHUNK, StateStore
+from manager.state import PRUNE_CHUNK, ServerRecord, StateStore
 
 T0 = 1_700_000_000.0
 
@@ -77,10 +82,57 @@ class _nothing:  # noqa: N801 - a context manager that does nothing
         return None
 
 
+def servers(path: Path, terminated: int, live: int = 10_000) -> None:
+    """The servers table's part: see the module docstring."""
+    store = StateStore(path)
+    with store.batch():
+        for number in range(terminated + live):
+            gone = number < terminated
+            at = T0 + number
+            store.save_server(
+                ServerRecord(
+                    id=f"www-{number:08x}",
+                    pool=f"p{number % 100}",
+                    address=f"10.{number >> 16 & 255}.{number >> 8 & 255}.{number & 255}",
+                    origin="ec2",
+                    state=ServerState.TERMINATED if gone else ServerState.ACTIVE,
+                    state_reason="scale in" if gone else "reporting",
+                    state_since=at,
+                    created_at=at - 3600,
+                    terminated_at=at if gone else None,
+                    provider_ref=f"i-{number:017x}",
+                    data={"served": number},
+                )
+            )
+    now = T0 + terminated + live + 1e6
+    costs = store.pool_costs(now)
+
+    def timed(label: str, work: Callable[[], object]) -> object:
+        began = time.perf_counter()
+        result = work()
+        print(f"  {label}: {(time.perf_counter() - began) * 1e3:.1f} ms")
+        return result
+
+    print(f"servers table, {terminated:,} terminated and {live:,} live:")
+    timed("every server read (start-up, takeover)", store.load_servers)
+    timed(f"a prune of {PRUNE_CHUNK:,} old servers", lambda: store.prune_servers(now))
+    while store.prune_servers(now):
+        pass
+    timed("a prune with nothing to do", lambda: store.prune_servers(now))
+    timed("every server read, the old ones pruned", store.load_servers)
+    kept = store.pool_costs(now)
+    drift = max(abs(kept[pool] - costs[pool]) / costs[pool] for pool in costs)
+    print(f"  pools' costs after: the same within {drift:.1e} (relative)")
+    store.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="events at the limit")
     parser.add_argument("--inserts", type=int, default=20_000, help="inserts measured")
+    parser.add_argument(
+        "--servers", type=int, default=100_000, help="terminated servers in the servers part"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temp:
         path = Path(temp) / "state.db"
@@ -126,6 +178,7 @@ def main() -> None:
         store.close()
         size = sum(p.stat().st_size for p in Path(temp).iterdir()) / 2**20
         print(f"database with its WAL: {size:.0f} MiB")
+        servers(Path(temp) / "servers.db", args.servers)
 
 
 if __name__ == "__main__":
