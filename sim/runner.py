@@ -33,6 +33,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     ),
     "goals": (
         "goals-round-robin.yaml",
+        "goals-round-robin-hot.yaml",
         "goals-fixed-ttl.yaml",
         "goals-flash-crowd.yaml",
         "step-load.yaml",
