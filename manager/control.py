@@ -43,7 +43,18 @@ from manager.state import served_count
 
 # The parts of a tick that fail apart, each counted from 0 so that a first failure is an increase
 # Prometheus sees: Manager.tick's (what Manager._isolated is told) and ClusterController.tick's.
-TICK_PARTS = ("server", "lifecycle", "cluster load")
+TICK_PARTS = (
+    "server",
+    "capacity",
+    "pausing",
+    "shares",
+    "lifecycle",
+    "cluster load",
+    "history",
+    "retention",
+)
+"""Every part of a tick that fails on its own (:meth:`manager.service.Manager._isolated`),
+counted from 0 so that a first failure is an increase."""
 CLUSTER_TICK_PARTS = ("failover", "rebuild", "push")
 
 

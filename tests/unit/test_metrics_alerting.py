@@ -3,6 +3,7 @@ follows what the manager does (publishes, refuses, fails, launches, fails over).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
 import time
@@ -15,7 +16,7 @@ from api.app import create_app
 from api.auth import ApiAuth, Role
 from dnslb.control import AdminAction, ClusterTelemetry, Telemetry
 from dnslb.plan import Plan
-from manager.control import Control
+from manager.control import TICK_PARTS, Control
 from manager.providers.base import Instance, LaunchRequest, ProviderError
 from tests.api_support import READ, ApiLab, bearer
 from tests.unit.test_api_metrics import Samples, parse, scrape, value
@@ -55,7 +56,7 @@ def test_plan_members_by_state_and_the_plan_figures(tmp_path: Path) -> None:
         assert value(samples, "dnslb_plan_refused") == 0
         assert value(samples, "dnslb_plans_refused_total") == 0
         parts = {labels["part"]: n for labels, n in samples["dnslb_manager_tick_part_errors_total"]}
-        assert parts == {"server": 0, "lifecycle": 0, "cluster load": 0}  # from 0: increase() sees
+        assert parts == dict.fromkeys(TICK_PARTS, 0)  # from 0: increase() sees
         # Only pools with a provider launch.
         assert value(samples, "dnslb_pool_launches_total", pool="auto") >= 1
         assert value(samples, "dnslb_pool_launch_failures_total", pool="auto") == 0
@@ -224,3 +225,20 @@ def test_clusters_are_exported(tmp_path: Path) -> None:
         assert value(samples, "dnslb_cluster_node_alive", cluster="edge", node="n2") == 0
 
     run(tmp_path, scenario)
+
+
+def test_every_part_a_tick_isolates_is_counted_from_zero() -> None:
+    """The parts named where the manager's tick isolates them (``_isolated`` and
+    ``_part_failed``) are the parts the metric lists from 0: a new part left out would raise
+    its alert only from its second failure (``increase()`` needs a series to grow)."""
+    source = Path(__file__).parents[2] / "manager" / "service.py"
+    named = {
+        call.args[1].value
+        for call in ast.walk(ast.parse(source.read_text()))
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in ("_isolated", "_part_failed")
+        and len(call.args) > 1
+        and isinstance(call.args[1], ast.Constant)
+    }
+    assert named == set(TICK_PARTS)
