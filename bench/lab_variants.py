@@ -87,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [Simulation(scenario, seed).run() for seed in range(1, args.seeds + 1)]
         responses = [run.mean_response for run in runs]
 
-        def mean(name: str, runs: list[Any] = runs) -> float:
-            return statistics.fmean(getattr(run, name) for run in runs)
+        def mean(name: str) -> float:
+            return statistics.fmean(getattr(run, name) for run in runs)  # noqa: B023 (used here)
 
         print(
             f"{text:60.60} mean resp {mean('mean_response'):.3f} s "

@@ -53,8 +53,6 @@ TICK_PARTS = (
     "history",
     "retention",
 )
-"""Every part of a tick that fails on its own (:meth:`manager.service.Manager._isolated`),
-counted from 0 so that a first failure is an increase."""
 CLUSTER_TICK_PARTS = ("failover", "rebuild", "push")
 
 

@@ -435,12 +435,14 @@ class Manager:
             log.warning("cannot read the published plan at %s: %s", self.publisher.describe(), exc)
             return 0
         version = published.version
-        self._inherited = {
-            member.id: (member, published.generated_at)
-            for pool in published.pools
-            for member in pool.members
-            if member.state is MemberState.ACTIVE and published.generated_at is not None
-        }
+        generated_at = published.generated_at
+        if generated_at is not None:
+            self._inherited = {
+                member.id: (member, generated_at)
+                for pool in published.pools
+                for member in pool.members
+                if member.state is MemberState.ACTIVE
+            }
         if version > MAX_PLAN_VERSION:
             log.warning(
                 "the published plan's version %d is beyond %d: numbering plans from the stored one",

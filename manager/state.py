@@ -94,9 +94,6 @@ PRUNE_INTERVAL = 60.0
 PRUNE_CHUNK = 5000
 """Rows one prune deletes at most (tens of milliseconds at a million rows: see
 bench/state_events.py)."""
-SERVERS_MAX_AGE = 30 * 86400.0
-"""Default: seconds a terminated server's record is kept (its cost and served count stay in
-its pool's retired totals)."""
 
 _STATES = "|".join(state.value for state in ServerState)
 _SCHEMA_1_TRANSITION = re.compile(
@@ -307,14 +304,15 @@ class Store(abc.ABC):
             if not records:
                 return 0
             totals = self.retired()
-            for pool in sorted({record.pool for record in records}):
-                seconds = totals.get(pool, Retired()).seconds
-                served = totals.get(pool, Retired()).served
-                for record in records:
-                    if record.pool == pool:
-                        seconds += server_seconds(record.created_at, record.terminated_at, before)
-                        served = min(MAX_SERVED, served + served_count(record.data))
-                self.save_retired(pool, Retired(seconds, served))
+            changed: dict[str, Retired] = {}
+            for record in records:
+                old = changed.get(record.pool) or totals.get(record.pool, Retired())
+                changed[record.pool] = Retired(
+                    old.seconds + server_seconds(record.created_at, record.terminated_at, before),
+                    min(MAX_SERVED, old.served + served_count(record.data)),
+                )
+            for pool, retired in changed.items():
+                self.save_retired(pool, retired)
             for record in records:
                 self.delete_server(record.id)
         return len(records)
