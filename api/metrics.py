@@ -160,7 +160,20 @@ class ControlCollector:
             "mean TTL handed out in the published plan (by weight)",
             labels=["pool"],
         )
+        answer_k = GaugeMetricFamily(
+            "dnslb_pool_answer_addresses",
+            "addresses per answer (k, or more while few resolvers hold the pool's answers)",
+            labels=["pool"],
+        )
+        holders = GaugeMetricFamily(
+            "dnslb_pool_answers_held",
+            "answers resolvers hold at a time (the pipe backends' counts, last minute)",
+            labels=["pool"],
+        )
         for pool in self.control.pools():
+            answer_k.add_metric([pool.name], pool.answer_k)
+            if pool.holders is not None:
+                holders.add_metric([pool.name], pool.holders)
             for each in ServerState:
                 if each is not ServerState.TERMINATED:
                     servers.add_metric([pool.name, each.value], pool.servers.get(each.value, 0))
@@ -169,7 +182,7 @@ class ControlCollector:
             served.add_metric([pool.name], pool.served)
             if pool.mean_ttl is not None:
                 mean_ttl.add_metric([pool.name], pool.mean_ttl)
-        yield from (servers, scale, cost, served, mean_ttl)
+        yield from (servers, scale, cost, served, mean_ttl, answer_k, holders)
 
         plan_members = GaugeMetricFamily(
             "dnslb_pool_plan_members",

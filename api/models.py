@@ -198,6 +198,14 @@ class PoolOut(BaseModel):
     served: Count
     scale_events: Count
     mean_ttl: MaybeReal = Field(description="mean TTL of its answers in the last plan")
+    answer_k: Count = Field(
+        description="addresses per answer now: the policy's k, or more while few resolvers "
+        "hold the pool's answers (k_coverage)"
+    )
+    holders: MaybeReal = Field(
+        description="answers resolvers hold at a time, from the pipe backends' counts over the "
+        "last minute (null: not counted yet)"
+    )
 
     @classmethod
     def of(cls, view: PoolView) -> Self:

@@ -12,8 +12,9 @@ over the seeds, and the lowest and highest run's mean response)::
 A variant is a case's key, then optionally a JSON object whose keys are parts of the simulator's
 scenario (``policy``: the pool's DNS policy; ``dns``, ``resolvers``, ``servers``, ``scaling``,
 ``clients``: those sections), each an object of the settings to change (docs/simulation.md).
-``--held N`` holds N users from start to end instead of the step load, and ``--servers N``
-fixes the pool at N servers. Nothing is asserted: it prints figures.
+``--held N`` holds N users from start to end instead of the step load (``--peak N``: the step
+load up to N users instead of 160), and ``--servers N`` fixes the pool at N servers. Nothing
+is asserted: it prints figures.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ def variant_scenario(scenario: Scenario, changes: dict[str, Any]) -> Scenario:
     return scenario
 
 
-def plan_for(held: int | None, servers: int | None, duration: float) -> ExperimentPlan:
-    """The full preset's plan (runs of ``duration`` seconds), held and fixed as asked."""
+def plan_for(
+    held: int | None, servers: int | None, duration: float, peak: int = 160
+) -> ExperimentPlan:
+    """The full preset's plan (runs of ``duration`` seconds, the step load up to ``peak``
+    users), held and fixed as asked."""
     lab = experiment_lab()
     if servers is not None:
         scaling = dataclasses.replace(lab.scaling, min_servers=servers, max_servers=servers)
@@ -63,7 +67,7 @@ def plan_for(held: int | None, servers: int | None, duration: float) -> Experime
         out=Path("."),
         lab=lab,
         case_duration=duration,
-        peak_users=held if held is not None else 160,
+        peak_users=held if held is not None else peak,
         constant_load=held is not None,
     )
 
@@ -75,8 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--held", type=int, help="users held from start to end")
     parser.add_argument("--servers", type=int, help="a fixed pool of this many servers")
     parser.add_argument("--duration", type=float, default=300.0, help="seconds a run (300)")
+    parser.add_argument("--peak", type=int, default=160, help="the step load's peak users (160)")
     args = parser.parse_args(argv)
-    plan = plan_for(args.held, args.servers, args.duration)
+    plan = plan_for(args.held, args.servers, args.duration, args.peak)
     cases = {case.key: case for case in select_cases()}
     for text in args.variants:
         key, _, body = text.strip().partition(" ")

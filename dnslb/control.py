@@ -114,6 +114,8 @@ class PoolView:
     served: int
     scale_events: int
     mean_ttl: float | None  # mean TTL of the answers in the last plan (by weight)
+    answer_k: int  # addresses per answer now (k, or more while few resolvers hold answers)
+    holders: float | None  # answers resolvers hold at a time (None: not counted yet)
 
 
 @dataclass(frozen=True, slots=True)

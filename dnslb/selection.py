@@ -450,6 +450,18 @@ def answer_counts(answers: Sequence[Answer], counts: Sequence[int]) -> dict[str,
     return {member: (first, seen) for member, (first, seen) in totals.items()}
 
 
+def answers_held(answers: Sequence[Answer], counts: Sequence[int]) -> tuple[int, int]:
+    """``(given, held)``: the answers with addresses given out, from per-position counts, and
+    the seconds they were held for, their TTLs added up. Over a window, ``held`` divided by
+    its length is how many resolvers held an answer at a time (Little's law)."""
+    given = held = 0
+    for answer, count in zip(answers, counts, strict=True):
+        if count and answer.members:
+            given += count
+            held += count * answer.ttl
+    return given, held
+
+
 def answer_shares(answers: PoolAnswers) -> dict[str, tuple[float, float]]:
     """Per member id: the share of its address family's answers it comes first in and the
     share it is in (each 0 to 1), over one rotation. Fallback answers count like any other."""

@@ -48,6 +48,7 @@ TICK_PARTS = (
     "capacity",
     "pausing",
     "shares",
+    "answers held",
     "lifecycle",
     "cluster load",
     "history",
@@ -236,6 +237,8 @@ class Control:
                 pool=pool.name, kinds=("scale_out", "scale_in")
             ),
             mean_ttl=self._mean_ttl(pool.config.dns_name),
+            answer_k=pool.answer_k if pool.answer_k is not None else pool.policy.k,
+            holders=pool.held.holders(),
         )
 
     def _mean_ttl(self, dns_name: str) -> float | None:

@@ -9,6 +9,7 @@ health check's verdict) stay in memory and are rebuilt from fresh reports after 
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from dataclasses import dataclass, field
 
 from dnslb.config import Secret
@@ -93,6 +94,53 @@ class ServerRuntime:
         )
 
 
+HELD_WINDOW = 60.0
+"""Seconds of answers over which the resolvers holding a pool's answers are counted."""
+HELD_MIN_SPAN = 20.0
+"""Seconds of answers counted at least before the count is used (the pipe backends write
+their counts every 5 s)."""
+
+
+class HeldAnswers:
+    """How many resolvers hold a pool's answers at a time, from the seconds of answers the pipe
+    backends gave (their TTLs added up, per query type, summed over the backends: each
+    backend's since it started). Over a window, the seconds added divided by the window's
+    length is the number held at a time (Little's law); the larger of ``A`` and ``AAAA``.
+
+    A total that went down (a pipe backend restarted, or its counts were not read) starts the
+    window again: until it spans :data:`HELD_MIN_SPAN` the count is not known. A backend that
+    joins adds all it counted before: the count is too high for a window, and k stays lower,
+    as it is with many resolvers."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, dict[str, int]]] = deque()
+
+    def observe(self, now: float, totals: dict[str, int]) -> None:
+        """The pipe backends' totals at monotonic time ``now``."""
+        samples = self.samples
+        if samples:
+            last = samples[-1][1]
+            if any(totals.get(rtype, 0) < held for rtype, held in last.items()):
+                samples.clear()
+        samples.append((now, totals))
+        while len(samples) > 2 and samples[1][0] <= now - HELD_WINDOW:
+            samples.popleft()
+
+    def holders(self) -> float | None:
+        """Answers held at a time over the window (None: not known yet)."""
+        if len(self.samples) < 2:
+            return None
+        (start, first), (end, last) = self.samples[0], self.samples[-1]
+        span = end - start
+        if span < HELD_MIN_SPAN:
+            return None
+        if not last:
+            return None  # no pipe backend counted any: not known
+        return max((held - first.get(rtype, 0)) / span for rtype, held in last.items())
+
+
 @dataclass(slots=True)
 class PoolRuntime:
     config: PoolConfig
@@ -109,6 +157,10 @@ class PoolRuntime:
     # (dnslb.policy.pause_room): the explain view says why a hot server serves on.
     pause_room: bool = True
     shares_at: float | None = None  # monotonic time of the last share correction
+    # How many resolvers hold its answers (from the pipe backends' counts), and the k its
+    # answers have for that (dnslb.policy.covering_k): set at each tick.
+    held: HeldAnswers = field(default_factory=HeldAnswers)
+    answer_k: int | None = None
 
     @property
     def name(self) -> str:

@@ -147,12 +147,12 @@ def build_plan(
     """
     # Pools answering for another (``answers_for``: one location each) add their members to
     # its answers; the plan has one pool per name, with the policy of the pool named.
-    leads: dict[str, PoolConfig] = {}
+    leads: dict[str, PoolRuntime] = {}
     gathered: dict[str, tuple[list[Member], set[str]]] = {}
     for pool in pools:
         name = pool.config.dns_name
         if pool.config.answers_for is None:
-            leads[name] = pool.config
+            leads[name] = pool
         members, addresses = gathered.setdefault(name, ([], set()))
         for server in pool.servers.values():
             member = plan_member(pool, server, now=now, wall=wall, down_after=down_after)
@@ -168,7 +168,9 @@ def build_plan(
             addresses.add(member.address)
             members.append(member)
     plan_pools = [
-        plan_pool(leads[name], members) for name, (members, _) in gathered.items() if name in leads
+        plan_pool(leads[name].config, members, k=leads[name].answer_k)
+        for name, (members, _) in gathered.items()
+        if name in leads
     ]
     return Plan(
         version=version,
@@ -203,12 +205,14 @@ def _member_problems(server: ServerRuntime, member: Member) -> list[str]:
     return problems
 
 
-def plan_pool(config: PoolConfig, members: list[Member]) -> Pool:
+def plan_pool(config: PoolConfig, members: list[Member], *, k: int | None = None) -> Pool:
+    """The pool's part of the plan; ``k``: addresses per answer if not the policy's (as
+    :func:`~dnslb.policy.covering_k` sets it)."""
     policy = config.policy
     return Pool(
         name=config.dns_name,
         members=tuple(sorted(members, key=lambda member: member.id)),
-        k=policy.k,
+        k=k if k is not None else policy.k,
         ttl_floor=policy.ttl_min,
         fallback=policy.fallback,
         networks=config.plan_networks(),

@@ -25,7 +25,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import httpx
 
@@ -41,6 +41,7 @@ from dnslb.plan_store import FilePlanStore, PlanStore, open_store
 from dnslb.policy import (
     ServerLoad,
     correct_shares,
+    covering_k,
     inferred_correction,
     judge_pause,
     pause_room,
@@ -159,7 +160,9 @@ class Manager:
         self.store_up: bool | None = None  # the last publication succeeded; None: none tried
         self.plan_problem: str | None = None  # why the newest plan was not published
         self.members_left_out: dict[str, str] = {}  # server id -> why the plan left it out
-        self._answer_counts: tuple[float, dict[str, tuple[int, int]]] | None = None
+        # The pipe backends' statistics as last read: (when, answer counts, answers held)
+        self._stats: tuple[float, dict[str, tuple[int, int]], dict[str, dict[str, int]]] | None
+        self._stats = None
         self._served: dict[str, float] = {}  # server id -> TTL + propagation in the plan served
         self._content: Plan | None = None
         self._published_at: float | None = None
@@ -631,6 +634,7 @@ class Manager:
                     self._isolated(
                         f"pool {pool.name}", "shares", self._correct_shares, pool, now, wall
                     )
+            self._isolated("pools", "answers held", self._count_holders, now)
             for name, lifecycle in self.lifecycles.items():
                 self._isolated(f"pool {name}", "lifecycle", lifecycle.tick, now, wall)
             plan = self._publish(now, wall)
@@ -1083,31 +1087,61 @@ class Manager:
     def answer_counts(self) -> dict[str, tuple[int, int]]:
         """Per server id: (answers it came first in, answers it was in), summed over every pipe
         backend that reported counts (read at most once a second)."""
+        return self._read_stats()[1]
+
+    def answers_held(self) -> dict[str, dict[str, int]]:
+        """Per pool DNS name and query type (``A``, ``AAAA``): the seconds of answers given,
+        their TTLs added up, summed over every pipe backend (read at most once a second)."""
+        return self._read_stats()[2]
+
+    def _read_stats(
+        self,
+    ) -> tuple[float, dict[str, tuple[int, int]], dict[str, dict[str, int]]]:
         now = self.clock.monotonic()
-        if self._answer_counts is not None and now - self._answer_counts[0] < 1.0:
-            return self._answer_counts[1]
+        if self._stats is not None and now - self._stats[0] < 1.0:
+            return self._stats
         totals: dict[str, tuple[int, int]] = {}
+        held: dict[str, dict[str, int]] = {}
+        names = self._dns_names
         for document in self.publisher.read_stats():
+            # Stats documents are written by pipe backends beside the plan: anything that is
+            # not a pair of sane counts is skipped, never summed.
             pools = document.get("pools")
-            if not isinstance(pools, dict):
-                continue
-            for members in pools.values():
-                if not isinstance(members, dict):
-                    continue
-                for member, pair in members.items():
-                    # Stats documents are written by pipe backends beside the plan: anything
-                    # that is not a pair of sane counts is skipped, never summed.
-                    if not (isinstance(pair, list) and len(pair) == 2):
-                        continue
-                    if not all(_count(value) for value in pair):
-                        continue
-                    first, seen = totals.get(member, (0, 0))
-                    totals[member] = (
-                        min(first + pair[0], MAX_SERVED),
-                        min(seen + pair[1], MAX_SERVED),
-                    )
-        self._answer_counts = (now, totals)
-        return totals
+            if isinstance(pools, dict):
+                for members in pools.values():
+                    if isinstance(members, dict):
+                        for member, pair in members.items():
+                            if _counts(pair):
+                                first, seen = totals.get(member, (0, 0))
+                                totals[member] = (
+                                    min(first + pair[0], MAX_SERVED),
+                                    min(seen + pair[1], MAX_SERVED),
+                                )
+            by_pool = document.get("held")
+            if isinstance(by_pool, dict):
+                for pool, types in by_pool.items():
+                    if isinstance(types, dict) and pool in names:
+                        pool_held = held.setdefault(pool, {})
+                        for rtype in ("A", "AAAA"):
+                            pair = types.get(rtype)
+                            if _counts(pair):
+                                pool_held[rtype] = min(
+                                    pool_held.get(rtype, 0) + pair[1], MAX_SERVED
+                                )
+        self._stats = (now, totals, held)
+        return self._stats
+
+    @property
+    def _dns_names(self) -> set[str]:
+        """The DNS names of the pools managed (what stats documents are keyed by)."""
+        return {pool.config.dns_name for pool in self.fleet.pools.values()}
+
+    def _count_holders(self, now: float) -> None:
+        """How many resolvers hold each pool's answers, and the k of its answers for that."""
+        held = self.answers_held()
+        for pool in self.fleet.pools.values():
+            pool.held.observe(now, held.get(pool.config.dns_name, {}))
+            pool.answer_k = covering_k(pool.policy, pool.serving, pool.held.holders())
 
     async def close(self) -> None:
         """Stop background work and close the state database (what shutdown does). A standby
@@ -1285,6 +1319,11 @@ def _plan_store(loaded: LoadedConfig) -> PlanStore:
 
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SERVED
+
+
+def _counts(pair: object) -> TypeGuard[list[int]]:
+    """A pair of sane counts, as pipe backends write them."""
+    return isinstance(pair, list) and len(pair) == 2 and all(_count(value) for value in pair)
 
 
 def _static_record(pool: PoolConfig, member: MemberConfig, now: float) -> ServerRecord:

@@ -30,6 +30,7 @@ from dnslb.selection import (
     Pace,
     PoolAnswers,
     answer_counts,
+    answers_held,
     family_answers,
     family_key,
     family_members,
@@ -107,7 +108,8 @@ class CompiledPool:
 
     name: str
     replies: dict[bytes, Reply]
-    counters: list[tuple[tuple[Answer, ...], list[int]]] = field(default_factory=list)
+    # Per answer cycle given out: its query type, its answers, how often each position was given.
+    counters: list[tuple[bytes, tuple[Answer, ...], list[int]]] = field(default_factory=list)
     explain: tuple[str, ...] = ()  # its members as the debug TXT says them (when on)
     transfer: bytes = b""  # its active members' DATA lines in a zone transfer
     transfer_key: Hashable = None  # what ``transfer`` was made from (_transfer_lines)
@@ -119,10 +121,24 @@ class CompiledPool:
     def answer_counts(self) -> dict[str, tuple[int, int]]:
         """Per member id: (answers it came first in, answers it was in), over every query type."""
         totals: dict[str, tuple[int, int]] = {}
-        for answers, counts in self.counters:
+        for _, answers, counts in self.counters:
             for member, (first, seen) in answer_counts(answers, counts).items():
                 old_first, old_seen = totals.get(member, (0, 0))
                 totals[member] = (old_first + first, old_seen + seen)
+        return totals
+
+    def answers_held(self) -> dict[str, tuple[int, int]]:
+        """Per query type, ``A`` and ``AAAA``: (answers with addresses given out, the seconds
+        they were held for: :func:`~dnslb.selection.answers_held`). ``ANY`` is left out: a
+        resolver asks it beside the others, if at all."""
+        totals: dict[str, tuple[int, int]] = {}
+        for rtype, answers, counts in self.counters:
+            if rtype == b"ANY":
+                continue
+            given, held = answers_held(answers, counts)
+            key = rtype.decode("ascii")
+            old_given, old_held = totals.get(key, (0, 0))
+            totals[key] = (old_given + given, old_held + held)
         return totals
 
 
@@ -349,14 +365,16 @@ def _compile_cycles(
     if explain:
         compiled.explain = explanation.member_lines(pool, answers)
 
-    def counted(items: list[Fragments], family: tuple[Answer, ...]) -> Iterator[Fragments]:
+    def counted(
+        items: list[Fragments], family: tuple[Answer, ...], rtype: bytes = b"ANY"
+    ) -> Iterator[Fragments]:
         counts = [0] * len(items)
-        compiled.counters.append((family, counts))
+        compiled.counters.append((rtype, family, counts))
         return rotation(items, random.Random(rng.getrandbits(64)), counts)
 
     # The plan never holds static A, AAAA or CNAME records at a pool's name.
-    compiled.replies[b"A"] = counted(v4, answers.v4)
-    compiled.replies[b"AAAA"] = counted(v6, answers.v6)
+    compiled.replies[b"A"] = counted(v4, answers.v4, b"A")
+    compiled.replies[b"AAAA"] = counted(v6, answers.v6, b"AAAA")
     any_static = static.get(b"ANY")
     has_v4 = any(answer.members for answer in answers.v4)
     has_v6 = any(answer.members for answer in answers.v6)

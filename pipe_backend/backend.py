@@ -89,6 +89,10 @@ class _Ready:
     dropped: tuple[CompiledPool, ...] = ()
 
 
+_Totals = dict[str, dict[str, tuple[int, int]]]
+"""Per pool, pairs of counts by member id (answer counts) or by query type (answers held)."""
+
+
 class PipeBackend:
     """One pipe backend coprocess."""
 
@@ -139,6 +143,7 @@ class PipeBackend:
         self._failed_version: int | None = None  # a plan that did not compile, logged once
         self._loader_errors = 0
         self._retired_counts: dict[str, dict[str, tuple[int, int]]] = {}
+        self._retired_held: dict[str, dict[str, tuple[int, int]]] = {}
         self._retired: list[AnswerTable | Plan | None] = []  # let go of by take(): see _free
         self._dropped: list[tuple[CompiledPool, ...]] = []  # out of service, not yet counted
         self._next_stats = monotonic() + stats_interval
@@ -428,11 +433,12 @@ class PipeBackend:
         counts = []
         for pools in dropped:
             for compiled in pools:
-                counts.append((compiled.name, compiled.answer_counts()))
+                counts.append((compiled.name, compiled.answer_counts(), compiled.answers_held()))
                 pace()
         with self._lock:
-            for name, pool_counts in counts:
+            for name, pool_counts, held in counts:
                 self._retire_counts(name, pool_counts)
+                _add_counts(self._retired_held.setdefault(name, {}), held)
             del self._dropped[: len(dropped)]  # only take() appends, and only at the end
         while retired:
             item = retired.pop()
@@ -460,16 +466,26 @@ class PipeBackend:
     ) -> dict[str, dict[str, tuple[int, int]]]:
         """Per pool and member: (answers it came first in, answers it was in), since start;
         ``pace`` is called after each pool (the loader's :meth:`_pace`, from write_stats)."""
+        return self._totals(pace)[0]
+
+    def answers_held(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Per pool and query type (``A``, ``AAAA``): (answers with addresses given, the
+        seconds they were held for, their TTLs added up), since start."""
+        return self._totals(None)[1]
+
+    def _totals(self, pace: Callable[[], None] | None) -> tuple[_Totals, _Totals]:
         with self._lock:
-            result = {pool: dict(members) for pool, members in self._retired_counts.items()}
+            counts = {pool: dict(members) for pool, members in self._retired_counts.items()}
+            held = {pool: dict(types) for pool, types in self._retired_held.items()}
             pools = [compiled for dropped in self._dropped for compiled in dropped]
             if self.table is not None:
                 pools += self.table.pools.values()
         for compiled in pools:
-            _add_counts(result.setdefault(compiled.name, {}), compiled.answer_counts())
+            _add_counts(counts.setdefault(compiled.name, {}), compiled.answer_counts())
+            _add_counts(held.setdefault(compiled.name, {}), compiled.answers_held())
             if pace is not None:
                 pace()
-        return result
+        return counts, held
 
     def write_stats(self) -> None:
         """Publish the answer counts beside the plan, for the manager's metrics."""
@@ -477,6 +493,7 @@ class PipeBackend:
         if requests == self._stats_written_at_requests:
             return
         plan = self.plan
+        counts, held = self._totals(self._loader_pace())
         document = {
             "process": _PROCESS,
             "written_at": self.wall(),
@@ -486,7 +503,13 @@ class PipeBackend:
             "requests": requests,
             "pools": {
                 pool: {member: list(pair) for member, pair in members.items()}
-                for pool, members in self.answer_counts(self._loader_pace()).items()
+                for pool, members in counts.items()
+            },
+            # how many resolvers hold a pool's answers: the manager's k follows it
+            "held": {
+                pool: {rtype: list(pair) for rtype, pair in types.items()}
+                for pool, types in held.items()
+                if any(given for given, _ in types.values())
             },
         }
         try:
@@ -707,7 +730,8 @@ class PipeBackend:
 
 
 def _add_counts(totals: dict[str, tuple[int, int]], counts: dict[str, tuple[int, int]]) -> None:
-    """Add a pool's per-member (first, seen) answer ``counts`` into ``totals``."""
+    """Add a pool's pairs of ``counts`` (per member: first, seen; per query type: given, held)
+    into ``totals``."""
     for member, (first, seen) in counts.items():
         old_first, old_seen = totals.get(member, (0, 0))
         totals[member] = (old_first + first, old_seen + seen)

@@ -16,8 +16,10 @@ and nothing depends on wall time or hash order.
   retransmits after ``retry_after`` (TCP SYN retransmissions: 3, 9, 21 s... the paper's response
   bands). A request's response time is known when it is accepted: its start is the moment the
   earliest of the ``max_concurrency`` slots frees (the Kiefer-Wolfowitz workload vector), so each
-  request costs one event. A dead address costs the user ``retry_after[0]`` before it tries the
-  next address of its answer.
+  request costs one event. With ``start_rate`` a server is instead the lab's nginx: requests
+  start one every ``1 / start_rate`` seconds at most, in arrival order (``limit_req``), and are
+  then served side by side (paced sending): one pacer slot, no worker slots. A dead address
+  costs the user ``retry_after[0]`` before it tries the next address of its answer.
 - *The cloud* boots a launched server in ``boot_delay`` seconds; cost is server-seconds from the
   launch (or the start) to termination (or the end).
 
@@ -79,12 +81,13 @@ class _Server:
     static: bool = False  # a configured member (topology scenarios), not a cloud machine
     location: int = 0  # index in the scenario's locations
     slots: list[float] = field(default_factory=list)  # when each worker slot frees
+    gap: float = 0.0  # with a start rate: seconds between starts (the pacer is its one slot)
     out: list[tuple[float, int, float]] = field(default_factory=list)  # (finish, user, started)
     served: int = 0
     samples: list[tuple[float, float]] = field(default_factory=list)
 
     def reset_queues(self) -> None:
-        self.slots = [0.0] * self.capacity
+        self.slots = [0.0] * (1 if self.gap else self.capacity)
         self.out = []
 
 
@@ -222,6 +225,7 @@ class Simulation:
             address=address,
             capacity=config.max_concurrency,
             slowness=1.0 / speed,
+            gap=1.0 / (config.start_rate * speed) if config.start_rate else 0.0,
             created_at=created,
             ready_at=ready,
             static=static,
@@ -260,8 +264,7 @@ class Simulation:
             self.retry_server[user] = -1
             wait = self.rng_users.expovariate(1.0 / think) if think > 0 else 0.0
             heapq.heappush(self.events, (now + wait, user, self.gen[user]))
-        server.out = []
-        server.slots = [0.0] * server.capacity
+        server.reset_queues()
         return failed
 
     # -- DNS ----------------------------------------------------------------------------------
@@ -422,7 +425,11 @@ class Simulation:
                     else:
                         work = mean
                     finish = start + work * server.slowness
-                    heapreplace(slots, finish)
+                    gap = server.gap
+                    if gap:
+                        slots[0] = start + gap
+                    else:
+                        heapreplace(slots, finish)
                     started = first_at[user]
                     origin = started  # the response is counted from here
                     if located:

@@ -291,6 +291,7 @@ class Product:
         else:
             query, ttl_field, content_field = _QUERY, 4, 6
         reply = self.backend.handle(query)
+        self.backend.requests += 1  # as its serve loop counts them: its counts are written
         addresses: list[str] = []
         ttl = 0
         for line in reply.split(b"\n"):

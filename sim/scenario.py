@@ -60,6 +60,13 @@ class ServerConfig:
         min=0,
     )
     service: ServiceTime = setting(default_factory=ServiceTime, help="service time")
+    start_rate: float | None = setting(
+        None,
+        help="requests a second a server starts at most, in arrival order, each then served "
+        "alongside the others (the lab's nginx: limit_req, then paced sending); null: "
+        "max_concurrency worker slots",
+        min=0.001,
+    )
     speed_spread: float = setting(
         0.0,
         help="each server's speed is drawn uniformly from 1 +/- this (0: identical servers)",

@@ -17,6 +17,7 @@ from dnslb.plan import MemberState, Plan
 from manager.command import _YOUNG_THRESHOLD, tune_collector
 from manager.config import load_manager_config
 from manager.control import Control
+from manager.fleet import HeldAnswers
 from manager.ingest import Rejected
 from manager.service import Manager
 
@@ -627,3 +628,66 @@ def test_the_manager_command_moves_its_loaded_state_out_of_the_collectors_sight(
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
+
+
+def test_held_answers_count_the_resolvers_holding_a_pools_answers() -> None:
+    held = HeldAnswers()
+    assert held.holders() is None
+    for second in range(0, 21):  # 3 resolvers hold A answers, 1 an AAAA answer
+        held.observe(100.0 + second, {"A": 3 * second, "AAAA": second})
+        assert (held.holders() is None) == (second < 20)  # known once 20 s are counted
+    assert held.holders() == pytest.approx(3.0)
+    for second in range(21, 200):  # then 10 hold A answers: the window forgets the 3
+        held.observe(100.0 + second, {"A": 60 + 10 * (second - 20), "AAAA": second})
+    assert held.holders() == pytest.approx(10.0)
+    held.observe(300.0, {"A": 5})  # a pipe backend restarted: its counts start again
+    assert held.holders() is None
+    empty = HeldAnswers()
+    for second in range(30):  # no pipe backend counted any
+        empty.observe(float(second), {})
+    assert empty.holders() is None
+
+
+def _write_held(lab: Lab, name: str, held: object) -> None:
+    stats = lab.tmp_path / ".plan.json.stats"
+    (stats / f"{name}.json").write_text(json.dumps({"held": held}))
+
+
+def test_k_rises_while_few_resolvers_hold_the_pools_answers(lab: Lab) -> None:
+    lab.report_all()
+    lab.step()
+    assert lab.manager.plan is not None and lab.manager.plan.pools[0].k == 2
+    # One resolver holds the answers (a second of answers given every second): k = 2 answers
+    # cover 3 servers 0.67 times, under k_coverage 3: every address.
+    for second in range(25):
+        _write_held(lab, "p1", {"www.example.test": {"A": [second, second]}})
+        lab.report_all()
+        lab.step()
+    plan = lab.manager.plan
+    assert plan is not None and plan.pools[0].k == 3
+    assert lab.manager.fleet.pools["www"].held.holders() == pytest.approx(1.0, rel=0.05)
+    # Then 20 resolvers do: k is the pool's again once the window (60 s) has passed.
+    for second in range(25, 100):
+        total = 25 + 20 * (second - 25)
+        _write_held(lab, "p1", {"www.example.test": {"A": [second, total]}})
+        lab.report_all()
+        lab.step()
+    plan = lab.manager.plan
+    assert plan is not None and plan.pools[0].k == 2
+
+
+def test_junk_answers_held_are_skipped(lab: Lab) -> None:
+    lab.report_all()
+    lab.step()
+    junk: list[object] = [
+        ["www.example.test"],
+        {"www.example.test": ["A", 1, 2]},
+        {"www.example.test": {"A": [1, -5], "AAAA": [1, 1e400]}},
+        {"www.example.test": {"A": [True, 5], "AAAA": [1, 10**400]}},
+        {"other.example.test": {"A": [1, 5]}},  # not a pool of this manager
+        {"www.example.test": {"MX": [1, 5], "A": [2, 7]}},
+    ]
+    for index, held in enumerate(junk):
+        _write_held(lab, f"p{index}", held)
+    lab.step()
+    assert lab.manager.answers_held() == {"www.example.test": {"A": 7}}

@@ -174,6 +174,7 @@ def test_first_answers_come_from_the_pipe_backends_counts(tmp_path: Path) -> Non
         }
         lab.manager.publisher.write_stats("pdns-1", document)
         lab.manager.publisher.write_stats("pdns-2", document)
+        lab.clock.advance(1.0)  # read at most once a second (the last tick read them)
         samples = await scrape(lab)
         first = {
             labels["server"]: found for labels, found in samples["dnslb_server_first_answers_total"]

@@ -687,6 +687,45 @@ def test_answer_counts_are_published_beside_the_plan(plan_path: Path) -> None:
     assert document["plan_version"] == 7
 
 
+def test_answers_held_add_up_the_ttls_given_per_query_type(plan_path: Path) -> None:
+    """The seconds of answers given (their TTLs added up) tell the manager how many resolvers
+    hold a pool's answers at a time; answers of old plans count, ANY does not."""
+    clock = Clock()
+    backend = make_backend(plan_path, clock=clock)
+    backend.stats_interval = 5.0
+    FilePlanStore(plan_path).open_stats()
+    given = 0
+    held = 0
+
+    def ask(count: int, qtype: str) -> None:
+        nonlocal given, held
+        for _ in range(count):
+            records = parse_reply(5, backend.handle(q_line(5, "www.example.test", qtype)))
+            addresses = [r for r in records if r["type"] in ("A", "AAAA")]
+            if qtype == "A" and addresses:
+                given += 1
+                held += min(r["ttl"] for r in addresses)
+
+    ask(30, "A")
+    ask(20, "ANY")
+    doc = plan_doc(version=8)
+    for member in doc["pools"][0]["members"]:
+        member["ttl"] = 17
+    write_plan(plan_path, doc)
+    clock.now += 0.3
+    backend.poll()
+    ask(25, "A")
+    assert given == 55
+    assert 25 * 17 < held
+    assert backend.answers_held()["www.example.test"]["A"] == (given, held)
+    backend.requests = 75
+    clock.now += 6
+    backend.poll()
+    [document] = FilePlanStore(plan_path).read_stats()
+    assert document["held"]["www.example.test"]["A"] == [given, held]
+    assert "ANY" not in document["held"]["www.example.test"]
+
+
 # -- hostile plans and stores (issue 14) -------------------------------------------------------
 
 

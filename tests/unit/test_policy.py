@@ -14,6 +14,7 @@ from dnslb.policy import (
     ServerLoad,
     answer_ttl_cap,
     correct_shares,
+    covering_k,
     inferred_correction,
     is_paused,
     judge_pause,
@@ -392,3 +393,24 @@ def test_a_weight_that_cannot_tell_its_correction_gives_none() -> None:
     # a plan may say anything: the correction stays within the pool's bounds
     assert inferred_correction(1e6, 1.0, 1, 60.0, SHARES) == pytest.approx(math.log(2))
     assert inferred_correction(1.0, 0.0, 10**6, 60.0, SHARES) == pytest.approx(-math.log(2))
+
+
+def test_k_covers_the_pool_when_few_resolvers_hold_its_answers() -> None:
+    policy = PoolPolicy(k=4, k_coverage=3.0)
+    # 4 resolvers holding answers of 4 addresses cover 10 servers 1.6 times: 8 addresses each
+    # cover them 3.2 times; 2 resolvers get every address
+    assert covering_k(policy, active=10, holders=4.0) == 8
+    assert covering_k(policy, active=10, holders=2.0) == 10
+    assert covering_k(policy, active=10, holders=8.0) == 4  # 3 x 10 / 8 = 3.75: k already
+    assert covering_k(policy, active=30, holders=15.0) == 6  # ceil(3 x 30 / 15)
+    assert covering_k(policy, active=100, holders=0.5) == 64  # at most the plan's MAX_K
+    assert covering_k(policy, active=100, holders=0.0) == 64  # nobody holds any: all of them
+
+
+def test_k_stays_when_holders_are_unknown_the_pool_is_small_or_coverage_is_off() -> None:
+    policy = PoolPolicy(k=4, k_coverage=3.0)
+    assert covering_k(policy, active=10, holders=None) == 4
+    assert covering_k(policy, active=4, holders=1.0) == 4  # every answer holds the pool
+    assert covering_k(policy, active=2, holders=1.0) == 4  # (the plan answers what it has)
+    assert covering_k(PoolPolicy(k=4, k_coverage=0), active=10, holders=1.0) == 4
+    assert covering_k(PoolPolicy(k=8), active=10, holders=100.0) == 8

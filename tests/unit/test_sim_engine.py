@@ -464,3 +464,31 @@ def test_the_share_correction_evens_out_servers_of_uneven_speed() -> None:
     plain = busiest_over_mean(0.0)
     corrected = busiest_over_mean(0.1)
     assert corrected < 1.05 < plain  # 1.028 and 1.091 (seed 2)
+
+
+PACED = """
+name: paced
+duration: 400
+load: {{steps: [{{at: 0, clients: {users}}}]}}
+clients: {{think_time: 1.0, timeout: 10000}}
+resolvers: {{count: 1}}
+servers: {{initial: 1, max_concurrency: 12, start_rate: 20,
+          service: {{distribution: constant, mean: 0.5}}}}
+"""
+
+
+def test_a_paced_server_starts_at_most_its_rate_and_serves_side_by_side() -> None:
+    """The lab's nginx: limit_req lets 20 requests a second start, paced sending then serves
+    them alongside each other, however many: no worker slot limits them."""
+    alone = simulate(scenario(PACED.format(users=1)), seed=1)
+    assert alone.mean_response == pytest.approx(0.5)  # nothing to wait for
+    # 30 users thinking 1 s and served in 0.5 s ask 20 a second: more than 12 at once at times,
+    # which 12 worker slots would queue, and a pacer does not (beyond its 50 ms spacing)
+    busy = simulate(scenario(PACED.format(users=30)), seed=1)
+    assert busy.mean_response < 0.5 + 0.25
+    # 400 users would ask about 270 a second: the pacer lets 20 start, and by Little's law
+    # 400 users = 20 a second x (response + 1 s of thinking)
+    flooded = simulate(scenario(PACED.format(users=400)), seed=1)
+    assert 400 / (flooded.mean_response + 1.0) == pytest.approx(20, rel=0.05)
+    # (requests count when accepted: those queued at the end are in too)
+    assert flooded.requests >= 0.97 * 20 * 400
