@@ -36,7 +36,7 @@ from lab.loadtest.shape import StepLoad
 from lab.repeats import ci_table, orderings, summarize
 from lab.report import load_run, write_report
 from lab.resolvers import Resolvers
-from lab.runner import Lab
+from lab.runner import Lab, interrupts
 from lab.settings import LabSettings
 
 if TYPE_CHECKING:  # dnspython, which it imports, is the lab extra's
@@ -246,26 +246,30 @@ def run_case(case: Case, plan: ExperimentPlan, repeat: int = 1) -> CaseResult:
     directory = plan.out / case.key / f"run-{repeat}"
     settings = dataclasses.replace(case.settings(plan.lab), workdir=directory / "lab")
     lab = Lab(settings, say=lambda text: None)
-    try:
-        lab.start()
-        if plan.staggered and lab.resolvers is not None:
-            from lab.loadtest.resolver import dns_lookup  # noqa: PLC0415 (the lab extra)
+    # SIGTERM and SIGHUP stop the run as Ctrl-C does: the lab's processes are stopped, never
+    # left running (a second signal while they stop is ignored).
+    with interrupts():
+        try:
+            lab.start()
+            if plan.staggered and lab.resolvers is not None:
+                from lab.loadtest.resolver import dns_lookup  # noqa: PLC0415 (the lab extra)
 
-            pdns = dns_lookup("127.0.0.1", settings.dns_port)
-            warm_resolvers(lab.resolvers, settings.dns_name, pdns, random.Random(repeat))
-        test = LoadTest(
-            out=directory / "loadtest",
-            dns_server=lab.info.dns_servers() if lab.info else f"127.0.0.1:{settings.dns_port}",
-            lb_name=settings.dns_name,
-            http_port=settings.http_port,
-            objects=settings.objects.count,
-            load=plan.load,
-            seed=repeat,
-            progress=0,
-        )
-        run_loadtest(test, quiet=True)
-    finally:
-        lab.stop(quiet=True)
+                pdns = dns_lookup("127.0.0.1", settings.dns_port)
+                warm_resolvers(lab.resolvers, settings.dns_name, pdns, random.Random(repeat))
+            test = LoadTest(
+                out=directory / "loadtest",
+                dns_server=lab.info.dns_servers() if lab.info else f"127.0.0.1:{settings.dns_port}",
+                lb_name=settings.dns_name,
+                http_port=settings.http_port,
+                objects=settings.objects.count,
+                load=plan.load,
+                seed=repeat,
+                progress=0,
+            )
+            run_loadtest(test, quiet=True)
+        finally:
+            with interrupts(ignore=True):
+                lab.stop(quiet=True)
     return write_report(
         load_run(settings.workdir, directory / "loadtest"), directory / "report", name=case.key
     )

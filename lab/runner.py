@@ -559,7 +559,7 @@ def run_lab(settings: LabSettings, *, keep_state: bool = False, once: bool = Fal
     """``dnslb lab``: run the lab until interrupted (or, with ``once``, show a few answers and
     stop); returns the exit status. ``keep_state``: as :class:`Lab`'s."""
     lab = Lab(settings, say=_say, keep_state=keep_state)
-    with _interrupts():
+    with interrupts():
         try:
             _say(f"dnslb lab: starting in {lab.workdir}")
             lab.start()
@@ -577,7 +577,7 @@ def run_lab(settings: LabSettings, *, keep_state: bool = False, once: bool = Fal
             print(f"dnslb lab: {exc}", file=sys.stderr, flush=True)
             return 1
         finally:
-            with _interrupts(ignore=True):
+            with interrupts(ignore=True):
                 lab.stop()
             left = processes_mentioning(lab.marker)
             _say(
@@ -588,7 +588,7 @@ def run_lab(settings: LabSettings, *, keep_state: bool = False, once: bool = Fal
 
 
 @contextlib.contextmanager
-def _interrupts(*, ignore: bool = False) -> Iterator[None]:
+def interrupts(*, ignore: bool = False) -> Iterator[None]:
     """SIGTERM and SIGHUP stop the lab as Ctrl-C does; with ``ignore``, none of them interrupts
     (while the lab stops: a second Ctrl-C must not leave processes behind)."""
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

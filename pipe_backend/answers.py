@@ -108,8 +108,9 @@ class CompiledPool:
 
     name: str
     replies: dict[bytes, Reply]
-    # Per answer cycle given out: its query type, its answers, how often each position was given.
-    counters: list[tuple[bytes, tuple[Answer, ...], list[int]]] = field(default_factory=list)
+    # Per answer cycle given out: its address family (A, AAAA), its answers, how often each
+    # position was given.
+    counters: list[tuple[str, tuple[Answer, ...], list[int]]] = field(default_factory=list)
     explain: tuple[str, ...] = ()  # its members as the debug TXT says them (when on)
     transfer: bytes = b""  # its active members' DATA lines in a zone transfer
     transfer_key: Hashable = None  # what ``transfer`` was made from (_transfer_lines)
@@ -128,17 +129,15 @@ class CompiledPool:
         return totals
 
     def answers_held(self) -> dict[str, tuple[int, int]]:
-        """Per query type, ``A`` and ``AAAA``: (answers with addresses given out, the seconds
-        they were held for: :func:`~dnslb.selection.answers_held`). ``ANY`` is left out: a
-        resolver asks it beside the others, if at all."""
+        """Per address family, ``A`` and ``AAAA``: (answers with addresses given out, the
+        seconds they were held for: :func:`~dnslb.selection.answers_held`). pdns asks a
+        backend ``ANY`` for most queries: those count in the family of each cycle they take an
+        answer of."""
         totals: dict[str, tuple[int, int]] = {}
-        for rtype, answers, counts in self.counters:
-            if rtype == b"ANY":
-                continue
+        for family, answers, counts in self.counters:
             given, held = answers_held(answers, counts)
-            key = rtype.decode("ascii")
-            old_given, old_held = totals.get(key, (0, 0))
-            totals[key] = (old_given + given, old_held + held)
+            old_given, old_held = totals.get(family, (0, 0))
+            totals[family] = (old_given + given, old_held + held)
         return totals
 
 
@@ -365,29 +364,28 @@ def _compile_cycles(
     if explain:
         compiled.explain = explanation.member_lines(pool, answers)
 
-    def counted(
-        items: list[Fragments], family: tuple[Answer, ...], rtype: bytes = b"ANY"
-    ) -> Iterator[Fragments]:
+    def counted(items: list[Fragments], v6: bool = False) -> Iterator[Fragments]:
         counts = [0] * len(items)
-        compiled.counters.append((rtype, family, counts))
+        family = answers.v6 if v6 else answers.v4
+        compiled.counters.append(("AAAA" if v6 else "A", family, counts))
         return rotation(items, random.Random(rng.getrandbits(64)), counts)
 
     # The plan never holds static A, AAAA or CNAME records at a pool's name.
-    compiled.replies[b"A"] = counted(v4, answers.v4, b"A")
-    compiled.replies[b"AAAA"] = counted(v6, answers.v6, b"AAAA")
+    compiled.replies[b"A"] = counted(v4)
+    compiled.replies[b"AAAA"] = counted(v6, v6=True)
     any_static = static.get(b"ANY")
     has_v4 = any(answer.members for answer in answers.v4)
     has_v6 = any(answer.members for answer in answers.v6)
     if has_v4 and has_v6:
         # Two cycles of different lengths: each query takes the next answer of both.
-        first = counted(_with_static(any_static, [_open(f) for f in v4]), answers.v4)
-        compiled.replies[b"ANY"] = map(concat, first, counted(v6, answers.v6))
+        first = counted(_with_static(any_static, [_open(f) for f in v4]))
+        compiled.replies[b"ANY"] = map(concat, first, counted(v6, v6=True))
     elif has_v6:
-        compiled.replies[b"ANY"] = counted(_with_static(any_static, v6), answers.v6)
+        compiled.replies[b"ANY"] = counted(_with_static(any_static, v6), v6=True)
     elif has_v4 or any_static is not None:
-        compiled.replies[b"ANY"] = counted(_with_static(any_static, v4), answers.v4)
+        compiled.replies[b"ANY"] = counted(_with_static(any_static, v4))
     else:
-        compiled.replies[b"ANY"] = counted([_no_address(abi, pool, zone_id)] * len(v4), answers.v4)
+        compiled.replies[b"ANY"] = counted([_no_address(abi, pool, zone_id)] * len(v4))
     return compiled
 
 

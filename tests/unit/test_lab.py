@@ -294,3 +294,36 @@ def test_the_docs_state_the_labs_calibration_as_the_defaults_are() -> None:
     ]
     missing = [phrase for phrase in stated if phrase not in " ".join(text.split())]
     assert missing == []
+
+
+def test_sigterm_during_an_experiment_run_stops_its_lab(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dnslb experiments` or `dnslb calibrate` killed with SIGTERM left pdns, unbound and the
+    cache servers of the run in progress running: now the lab stops as on Ctrl-C."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from lab import experiments  # noqa: PLC0415
+
+    stopped: list[bool] = []
+
+    class Killed:
+        def __init__(self, settings: LabSettings, say: object) -> None:
+            self.settings = settings
+
+        def start(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        def stop(self, *, quiet: bool = False) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # a second one while it stops: ignored
+            stopped.append(quiet)
+
+    monkeypatch.setattr(experiments, "Lab", Killed)
+    case = experiments.select_cases(pattern="^t1-a$")[0]
+    plan = experiments.ExperimentPlan(out=tmp_path, lab=experiments.experiment_lab())
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        experiments.run_case(case, plan)
+    assert stopped == [True]
+    assert signal.getsignal(signal.SIGTERM) == before
