@@ -4,12 +4,15 @@ Each input is a fresh manager (a pool of static members, one with a token of its
 clock, its state and plan in a temporary directory) and a burst of report bodies: valid reports
 with values over their whole ranges, reports mutated in any field (huge integers, NaN, strings,
 nesting, unknown fields), bytes that are not JSON, deep JSON, for known and unknown servers,
-with the right token, the shared one, or another's. Between reports the manager ticks.
+with the right token, the shared one, or another's. Between reports the manager ticks, and
+the pipe backends' stats documents beside the plan (answer counts, answers held: any writer of
+the plan store's) are now and then replaced by mutated ones.
 
 Contract checked per input: ``accept`` either records a report or raises ``Rejected`` with a 4xx
 status; no tick fails (``tick_errors`` and per-part errors stay 0); every plan the manager says it
 published is the plan at its location, readable by the pipe backend's parser, and each of its
-pools' answers can be computed; a server that sent nothing bad is in the plan.
+pools' answers can be computed, with k from the policy's (2) to every member; a server that
+sent nothing bad is in the plan.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import random
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +127,13 @@ class ReportHarness(Harness):
                 if not 400 <= refusal.status < 500:
                     raise Finding(f"a refusal with status {refusal.status}") from None
                 rejected += 1
+            if rng.random() < 0.3:
+                _write_stats(rng, where)
             # "calm" always reports sanely: whatever the others sent, it stays in the plan.
             calm += 1
             manager.ingest.accept(CALM_TOKEN, json.dumps(_calm(clock, calm)).encode())
             if rng.random() < 0.4:
-                clock.advance(rng.choice((0.1, 1.0, 4.0)))
+                clock.advance(rng.choice((0.1, 1.0, 4.0, 25.0)))
                 self._tick(manager, where)
         clock.advance(1.0)
         manager.ingest.accept(CALM_TOKEN, json.dumps(_calm(clock, calm + 1)).encode())
@@ -150,7 +156,30 @@ class ReportHarness(Harness):
             raise Finding(f"manager says v{manager.plan.version}, v{on_disk.version} is published")
         for pool in on_disk.pools:
             pool_answers(pool)
+            if not 2 <= pool.k <= max(2, len(pool.members)):
+                raise Finding(f"k {pool.k} for {len(pool.members)} members (policy: 2)")
         manager.answer_counts()
+        manager.answers_held()
+
+
+def _write_stats(rng: random.Random, where: Path) -> None:
+    """A pipe backend's stats document beside the plan, often mutated (once the manager has
+    opened the channel, at its first publication)."""
+    stats = where / ".plan.json.stats"
+    if not stats.is_dir():
+        return
+    given = rng.choice((0, 1, 10**6, 2**63 - 1))
+    document: object = {
+        "process": "fuzz",
+        "written_at": time.time(),
+        "requests": given,
+        "pools": {"www.example.test": {"calm": [given, given], "s1": [1, 2]}},
+        "held": {"www.example.test": {"A": [given, rng.choice((0, 1, 60 * given))]}},
+    }
+    if rng.random() < 0.7:
+        document = mutate_document(document, rng, mutations=rng.choice((1, 2, 3)))
+    name = rng.choice(("p1", "p2", "p3"))
+    (stats / f"{name}.json").write_bytes(json_text(document, rng))
 
 
 def _calm(clock: FakeClock, seq: int) -> dict[str, Any]:
