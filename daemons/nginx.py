@@ -22,6 +22,7 @@ import http.client
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import urllib.parse
 from collections.abc import Iterator
@@ -325,11 +326,14 @@ class NginxServer:
             or "(nginx wrote nothing)"
         )
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop nginx now (open requests are cut) and wait until its process group is gone."""
+    def stop(self, timeout: float = 5.0, *, graceful: bool = False) -> None:
+        """Stop nginx and wait until its process group is gone: now (open requests are cut),
+        or with ``graceful`` as ``nginx -s quit`` does (SIGQUIT: it closes its listening
+        sockets and ends the requests in progress), whatever is left cut after ``timeout``."""
         process, self.process = self.process, None
         if process is not None:
-            stop_group(process, timeout=timeout)
+            sig = signal.SIGQUIT if graceful else signal.SIGTERM
+            stop_group(process, sig=sig, timeout=timeout)
 
     def __enter__(self) -> NginxServer:
         return self

@@ -374,7 +374,9 @@ class LocalProvider(Provider):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        await asyncio.to_thread(self._stop, ref)
+        # Gracefully: a drained server may still have a request that came after the report
+        # that said none was in progress (or from a client that ignores TTLs); nginx ends it.
+        await asyncio.to_thread(self._stop, ref, graceful=True)
 
     async def list_owned(self) -> list[Instance]:
         """The pool's servers, after stopping every process of its directory that no complete
@@ -564,10 +566,11 @@ class LocalProvider(Provider):
             self._write(_with(record, nginx_pid=nginx.pid, agent_pid=agent.pid))
         log.info("local server %s runs at %s:%d", ref, record.address, self.config.port)
 
-    def _stop(self, ref: str) -> None:
+    def _stop(self, ref: str, *, graceful: bool = False) -> None:
         """Stop every process of a server, recorded or not, and remove its directory
-        (idempotent). Raises :class:`ProviderError` when a process survives: the directory
-        stays, so that the next try finds the processes again."""
+        (idempotent); ``graceful``: nginx ends the requests in progress first (at most
+        :data:`STOP_TIMEOUT` seconds). Raises :class:`ProviderError` when a process survives:
+        the directory stays, so that the next try finds the processes again."""
         directory = self._dir(ref)
         with self._lock(ref):
             agent = self._agents.pop(ref, None)
@@ -576,7 +579,7 @@ class LocalProvider(Provider):
                 if agent is not None:
                     stop_group(agent, timeout=STOP_TIMEOUT)  # our child: reaped
                 if nginx is not None:
-                    nginx.stop(STOP_TIMEOUT)
+                    nginx.stop(STOP_TIMEOUT, graceful=graceful)
             except DnslbError as exc:
                 raise ProviderError(f"local server {ref}: {exc}", retryable=True) from exc
             stop_processes(p for p in processes_under(self.root) if p.server == ref)

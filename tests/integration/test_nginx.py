@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,3 +214,27 @@ def test_workers_run_as_the_user_starting_nginx(tmp_path: Path) -> None:
         assert server.pid is not None
         uids = {Path(f"/proc/{pid}").stat().st_uid for pid in live_group_members(server.pid)}
     assert uids == {os.geteuid()}
+
+
+def test_a_graceful_stop_lets_the_requests_in_progress_finish(
+    tmp_path: Path, origin: SlowOrigin
+) -> None:
+    """What a drained server's termination does (the local provider): a request that came after
+    the last report said none was in progress is served to its end, not cut."""
+    settings = NginxSettings(address=ADDRESS, port=free_port(), origin=origin.url)
+    server = NginxServer(settings, tmp_path / "nginx")
+    server.start()
+    assert server.process is not None
+    group = server.process.pid
+    with SlowClients(server, 3) as clients:
+        assert origin.wait_held(3), f"the origin holds {origin.held} of 3 requests"
+        stopper = threading.Thread(target=server.stop, kwargs={"timeout": 20, "graceful": True})
+        stopper.start()
+        time.sleep(0.5)
+        assert stopper.is_alive()  # nginx waits for its requests
+        origin.release()
+        clients.join()
+        stopper.join(30)
+    assert sorted(clients.results) == [(200, "MISS")] * 3
+    assert not stopper.is_alive()
+    assert not live_group_members(group)
