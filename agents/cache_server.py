@@ -6,8 +6,9 @@ configured by :func:`daemons.nginx.render_config` from the options, capacity emu
 a child process, and the agent (:mod:`agents.agent`) in this process, reading nginx's
 ``stub_status`` on loopback and reporting to the manager. It starts nginx first (the agent must
 never report for a server that does not answer), and ends when it is told to (SIGTERM, SIGINT:
-exit status 0, nginx stopped with its workers) or when nginx exits (status 1, with the end of
-nginx's error log on stderr, where the container's log and the docker provider see it).
+exit status 0, nginx stopped gracefully with its workers: the requests in progress end, for
+:data:`GRACEFUL_STOP` seconds at most) or when nginx exits (status 1, with the end of nginx's
+error log on stderr, where the container's log and the docker provider see it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ log = logging.getLogger("dnslb.cache_server")
 
 WATCH_INTERVAL = 0.5
 """Seconds between checks that nginx still runs."""
+GRACEFUL_STOP = 5.0
+"""Seconds nginx has, once told to stop, to end the requests in progress: a drained server's
+last ones (``docker stop`` kills after the docker provider's ``stop_timeout``, 10 s)."""
 
 
 async def serve(settings: NginxSettings, workdir: Path, agent_config: AgentConfig) -> int:
@@ -67,7 +71,7 @@ async def serve(settings: NginxSettings, workdir: Path, agent_config: AgentConfi
         for task in (reporting, watching, waiting):
             task.cancel()
         await asyncio.gather(reporting, watching, waiting, return_exceptions=True)
-        await asyncio.to_thread(nginx.stop)
+        await asyncio.to_thread(nginx.stop, GRACEFUL_STOP, graceful=bool(received))
     if received:
         log.info("stopped by %s after %d reports", received[0], agent.seq - agent.first_seq)
         return 0

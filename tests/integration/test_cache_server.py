@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,6 +72,15 @@ def cache_server(
     tmp_path: Path, origin: int, receiver: Receiver
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A cache server as the docker provider starts one: agent config and token in files."""
+    process, port = start_cache_server(tmp_path, origin, receiver)
+    yield process, port
+    stop_group(process)
+
+
+def start_cache_server(
+    tmp_path: Path, origin: int, receiver: Receiver, *options: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``dnslb cache-server`` with the fixture's settings and ``options`` added."""
     port = free_port()
     (tmp_path / "agent.token").write_text(TOKEN + "\n")
     config = AgentConfig(
@@ -98,17 +108,16 @@ def cache_server(
         str(tmp_path / "cache"),
         "--capacity-rps",
         "50",
+        *options,
     ]
     with open(tmp_path / "cache-server.log", "wb") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )
-    yield process, port
-    stop_group(process)
+        ), port
 
 
 def wait(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
@@ -195,3 +204,42 @@ def test_a_port_in_use_is_one_clear_line_and_status_1(tmp_path: Path, receiver: 
     assert result.stderr.startswith("dnslb cache-server: nginx exited with status 1")
     assert "Address already in use" in result.stderr
     assert receiver.posts() == []  # no report for a server that never answered
+
+
+def test_sigterm_lets_the_requests_in_progress_finish(
+    tmp_path: Path, origin: int, receiver: Receiver
+) -> None:
+    """``docker stop`` of a drained server: a request still in progress gets its whole answer."""
+    process, port = start_cache_server(tmp_path, origin, receiver, "--send-rate", "4096")
+    try:
+        assert wait(lambda: get("127.0.0.1", port, "/healthz")[0] != 0)
+        sizes = {}
+        for index in range(5):  # cached, and sized: the largest is seconds of paced sending
+            sizes[index] = len(fetch("127.0.0.1", port, f"/objects/{index}"))
+        largest = max(sizes, key=lambda index: sizes[index])
+        assert sizes[largest] > 8192
+        got: list[bytes] = []
+        slow = threading.Thread(
+            target=lambda: got.append(fetch("127.0.0.1", port, f"/objects/{largest}"))
+        )
+        slow.start()
+        time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGTERM)
+        slow.join(30)
+        assert [len(body) for body in got] == [sizes[largest]]  # whole, after the signal
+        assert process.wait(10) == 0
+    finally:
+        stop_group(process)
+
+
+def fetch(address: str, port: int, path: str) -> bytes:
+    """The body of a 200 answer on a connection of its own."""
+    connection = http.client.HTTPConnection(address, port, timeout=30)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read()
+        assert response.status == 200
+        return body
+    finally:
+        connection.close()
