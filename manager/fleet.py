@@ -103,7 +103,7 @@ their counts every 5 s)."""
 
 class HeldAnswers:
     """How many resolvers hold a pool's answers at a time, from the seconds of answers the pipe
-    backends gave (their TTLs added up, per query type, summed over the backends: each
+    backends gave (their TTLs added up, per address family, summed over the backends: each
     backend's since it started). Over a window, the seconds added divided by the window's
     length is the number held at a time (Little's law); the larger of ``A`` and ``AAAA``.
 
@@ -122,7 +122,7 @@ class HeldAnswers:
         samples = self.samples
         if samples:
             last = samples[-1][1]
-            if any(totals.get(rtype, 0) < held for rtype, held in last.items()):
+            if any(totals.get(family, 0) < held for family, held in last.items()):
                 samples.clear()
         samples.append((now, totals))
         while len(samples) > 2 and samples[1][0] <= now - HELD_WINDOW:
@@ -138,7 +138,7 @@ class HeldAnswers:
             return None
         if not last:
             return None  # no pipe backend counted any: not known
-        return max((held - first.get(rtype, 0)) / span for rtype, held in last.items())
+        return max((held - first.get(family, 0)) / span for family, held in last.items())
 
 
 @dataclass(slots=True)

@@ -1090,8 +1090,9 @@ class Manager:
         return self._read_stats()[1]
 
     def answers_held(self) -> dict[str, dict[str, int]]:
-        """Per pool DNS name and query type (``A``, ``AAAA``): the seconds of answers given,
-        their TTLs added up, summed over every pipe backend (read at most once a second)."""
+        """Per pool DNS name and address family (``A``, ``AAAA``): the seconds of answers
+        given, their TTLs added up, summed over every pipe backend (read at most once a
+        second)."""
         return self._read_stats()[2]
 
     def _read_stats(
@@ -1119,14 +1120,14 @@ class Manager:
                                 )
             by_pool = document.get("held")
             if isinstance(by_pool, dict):
-                for pool, types in by_pool.items():
-                    if isinstance(types, dict) and pool in names:
+                for pool, families in by_pool.items():
+                    if isinstance(families, dict) and pool in names:
                         pool_held = held.setdefault(pool, {})
-                        for rtype in ("A", "AAAA"):
-                            pair = types.get(rtype)
+                        for family in ("A", "AAAA"):
+                            pair = families.get(family)
                             if _counts(pair):
-                                pool_held[rtype] = min(
-                                    pool_held.get(rtype, 0) + pair[1], MAX_SERVED
+                                pool_held[family] = min(
+                                    pool_held.get(family, 0) + pair[1], MAX_SERVED
                                 )
         self._stats = (now, totals, held)
         return self._stats
@@ -1137,11 +1138,16 @@ class Manager:
         return {pool.config.dns_name for pool in self.fleet.pools.values()}
 
     def _count_holders(self, now: float) -> None:
-        """How many resolvers hold each pool's answers, and the k of its answers for that."""
+        """How many resolvers hold each pool's answers, and the k of its answers for that:
+        the servers of every pool answering at its name count (``answers_for``)."""
         held = self.answers_held()
+        serving: Counter[str] = Counter()
         for pool in self.fleet.pools.values():
-            pool.held.observe(now, held.get(pool.config.dns_name, {}))
-            pool.answer_k = covering_k(pool.policy, pool.serving, pool.held.holders())
+            serving[pool.config.dns_name] += pool.serving
+        for pool in self.fleet.pools.values():
+            name = pool.config.dns_name
+            pool.held.observe(now, held.get(name, {}))
+            pool.answer_k = covering_k(pool.policy, serving[name], pool.held.holders())
 
     async def close(self) -> None:
         """Stop background work and close the state database (what shutdown does). A standby

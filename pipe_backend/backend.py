@@ -90,7 +90,8 @@ class _Ready:
 
 
 _Totals = dict[str, dict[str, tuple[int, int]]]
-"""Per pool, pairs of counts by member id (answer counts) or by query type (answers held)."""
+"""Per pool, pairs of counts by member id (answer counts) or by address family (answers
+held)."""
 
 
 class PipeBackend:
@@ -437,7 +438,7 @@ class PipeBackend:
                 pace()
         with self._lock:
             for name, pool_counts, held in counts:
-                self._retire_counts(name, pool_counts)
+                _add_counts(self._retired_counts.setdefault(name, {}), pool_counts)
                 _add_counts(self._retired_held.setdefault(name, {}), held)
             del self._dropped[: len(dropped)]  # only take() appends, and only at the end
         while retired:
@@ -458,9 +459,6 @@ class PipeBackend:
         """The loader's :meth:`_pace` under serve; elsewhere (tests) no rest."""
         return self._pace if self.pause_collector else _no_pace
 
-    def _retire_counts(self, pool: str, counts: dict[str, tuple[int, int]]) -> None:
-        _add_counts(self._retired_counts.setdefault(pool, {}), counts)
-
     def answer_counts(
         self, pace: Callable[[], None] | None = None
     ) -> dict[str, dict[str, tuple[int, int]]]:
@@ -469,7 +467,7 @@ class PipeBackend:
         return self._totals(pace)[0]
 
     def answers_held(self) -> dict[str, dict[str, tuple[int, int]]]:
-        """Per pool and query type (``A``, ``AAAA``): (answers with addresses given, the
+        """Per pool and address family (``A``, ``AAAA``): (answers with addresses given, the
         seconds they were held for, their TTLs added up), since start."""
         return self._totals(None)[1]
 
@@ -507,9 +505,9 @@ class PipeBackend:
             },
             # how many resolvers hold a pool's answers: the manager's k follows it
             "held": {
-                pool: {rtype: list(pair) for rtype, pair in types.items()}
-                for pool, types in held.items()
-                if any(given for given, _ in types.values())
+                pool: {family: list(pair) for family, pair in families.items()}
+                for pool, families in held.items()
+                if any(given for given, _ in families.values())
             },
         }
         try:
@@ -730,8 +728,8 @@ class PipeBackend:
 
 
 def _add_counts(totals: dict[str, tuple[int, int]], counts: dict[str, tuple[int, int]]) -> None:
-    """Add a pool's pairs of ``counts`` (per member: first, seen; per query type: given, held)
-    into ``totals``."""
+    """Add a pool's pairs of ``counts`` (per member: first, seen; per address family: given,
+    held) into ``totals``."""
     for member, (first, seen) in counts.items():
         old_first, old_seen = totals.get(member, (0, 0))
         totals[member] = (old_first + first, old_seen + seen)

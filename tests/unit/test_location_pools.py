@@ -127,3 +127,31 @@ def test_location_pool_mistakes_are_config_errors(
     assert old in LOCATIONS
     with pytest.raises(ConfigError, match=message):
         load_manager_config(_config(tmp_path, LOCATIONS.replace(old, new, 1)))
+
+
+def test_k_counts_the_servers_of_every_pool_answering_at_the_name(tmp_path: Path) -> None:
+    """``k_coverage`` covers what the name answers with: the lead pool's servers and those of
+    the pools answering for it."""
+    # (pools answering one name share its policy)
+    config = LOCATIONS.replace("smoothing: 0}", "smoothing: 0, k: 1}")
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        manager = Manager(load_manager_config(_config(tmp_path, config)), clock=clock)
+        try:
+            await _run(manager, clock, 40, {})  # one server in each location
+            assert (_running(manager, "web"), _running(manager, "web-west")) == (1, 1)
+            for second in range(30):  # one resolver holds the name's answers
+                held = {"web.example.test": {"A": [second, second]}}
+                manager.publisher.write_stats("p1", {"written_at": 0, "held": held})
+                await _run(manager, clock, 1, {})
+            plan = manager.plan
+            assert plan is not None
+            # 1 address for 2 servers, held by 1 resolver: both addresses (the lead alone: 1)
+            [web] = [pool for pool in plan.pools if pool.name == "web.example.test"]
+            assert len(web.members) == 2
+            assert web.k == 2
+        finally:
+            await manager.close()
+
+    asyncio.run(scenario())
