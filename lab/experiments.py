@@ -107,10 +107,10 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "t4-even",
-        "T4 product, pool sized for a 0.5 s wait (99 %) as if even",
+        "T4 product, pool sized for a 2 s wait (99 %) as if even",
         ("4",),
         {"k": 4},
-        {"target_wait": 0.5, "target_imbalance": False},
+        {"target_wait": 2.0, "target_imbalance": False},
     ),
 )
 
