@@ -165,6 +165,11 @@ class ControlCollector:
             "addresses per answer (k, or more while few resolvers hold the pool's answers)",
             labels=["pool"],
         )
+        ttl_floor = GaugeMetricFamily(
+            "dnslb_pool_ttl_floor_seconds",
+            "TTL floor of its answers (ttl_min, or shorter while few resolvers hold them)",
+            labels=["pool"],
+        )
         holders = GaugeMetricFamily(
             "dnslb_pool_answers_held",
             "answers resolvers hold at a time (the pipe backends' counts, last minute)",
@@ -172,6 +177,7 @@ class ControlCollector:
         )
         for pool in self.control.pools():
             answer_k.add_metric([pool.name], pool.answer_k)
+            ttl_floor.add_metric([pool.name], pool.ttl_floor)
             if pool.holders is not None:
                 holders.add_metric([pool.name], pool.holders)
             for each in ServerState:
@@ -182,7 +188,7 @@ class ControlCollector:
             served.add_metric([pool.name], pool.served)
             if pool.mean_ttl is not None:
                 mean_ttl.add_metric([pool.name], pool.mean_ttl)
-        yield from (servers, scale, cost, served, mean_ttl, answer_k, holders)
+        yield from (servers, scale, cost, served, mean_ttl, answer_k, ttl_floor, holders)
 
         plan_members = GaugeMetricFamily(
             "dnslb_pool_plan_members",

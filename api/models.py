@@ -202,6 +202,10 @@ class PoolOut(BaseModel):
         description="addresses per answer now: the policy's k, or more while few resolvers "
         "hold the pool's answers (k_coverage)"
     )
+    ttl_floor: Count = Field(
+        description="the TTL floor of its answers now: the policy's ttl_min, or shorter while "
+        "few resolvers hold the pool's answers (k_coverage)"
+    )
     holders: MaybeReal = Field(
         description="answers resolvers hold at a time, from the pipe backends' counts over the "
         "last minute (null: not counted yet)"

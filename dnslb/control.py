@@ -115,6 +115,7 @@ class PoolView:
     scale_events: int
     mean_ttl: float | None  # mean TTL of the answers in the last plan (by weight)
     answer_k: int  # addresses per answer now (k, or more while few resolvers hold answers)
+    ttl_floor: int  # the answers' TTL floor now (ttl_min, or shorter while few hold answers)
     holders: float | None  # answers resolvers hold at a time (None: not counted yet)
 
 

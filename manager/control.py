@@ -238,6 +238,7 @@ class Control:
             ),
             mean_ttl=self._mean_ttl(pool.config.dns_name),
             answer_k=pool.answer_k if pool.answer_k is not None else pool.policy.k,
+            ttl_floor=pool.answer_policy.ttl_min,
             holders=pool.held.holders(),
         )
 

@@ -157,10 +157,30 @@ class PoolRuntime:
     # (dnslb.policy.pause_room): the explain view says why a hot server serves on.
     pause_room: bool = True
     shares_at: float | None = None  # monotonic time of the last share correction
-    # How many resolvers hold its answers (from the pipe backends' counts), and the k its
-    # answers have for that (dnslb.policy.covering_k): set at each tick.
+    # How many resolvers hold its answers (from the pipe backends' counts), and the k and TTL
+    # floor its answers have for that (dnslb.policy.covering_k, covering_ttl_min): set at each
+    # tick.
     held: HeldAnswers = field(default_factory=HeldAnswers)
     answer_k: int | None = None
+    answer_ttl_min: int | None = None
+    _answer_policy: tuple[PoolPolicy, int, PoolPolicy] | None = None
+
+    @property
+    def answer_policy(self) -> PoolPolicy:
+        """The policy its servers' plan values are computed with: its own, with the TTL floor
+        of :attr:`answer_ttl_min` when that is shorter (made once per change)."""
+        policy = self.config.policy
+        floor = self.answer_ttl_min
+        if floor is None or floor >= policy.ttl_min:
+            return policy
+        cached = self._answer_policy
+        if cached is None or cached[0] is not policy or cached[1] != floor:
+            cached = self._answer_policy = (
+                policy,
+                floor,
+                dataclasses.replace(policy, ttl_min=floor),
+            )
+        return cached[2]
 
     @property
     def name(self) -> str:

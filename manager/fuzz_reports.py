@@ -158,6 +158,8 @@ class ReportHarness(Harness):
             pool_answers(pool)
             if not 2 <= pool.k <= max(2, len(pool.members)):
                 raise Finding(f"k {pool.k} for {len(pool.members)} members (policy: 2)")
+            if not 1 <= pool.ttl_floor <= 5:
+                raise Finding(f"TTL floor {pool.ttl_floor} (policy: 5, at least 1)")
         manager.answer_counts()
         manager.answers_held()
 

@@ -109,7 +109,7 @@ def plan_member(
         load.utilization if load is not None else None,
         server.max_concurrency,
         serving_for,
-        pool.policy,
+        pool.answer_policy,
         answered=member_state is MemberState.ACTIVE,
         pool_serving=pool.serving,
         correction=server.share,
@@ -168,7 +168,12 @@ def build_plan(
             addresses.add(member.address)
             members.append(member)
     plan_pools = [
-        plan_pool(leads[name].config, members, k=leads[name].answer_k)
+        plan_pool(
+            leads[name].config,
+            members,
+            k=leads[name].answer_k,
+            ttl_floor=leads[name].answer_ttl_min,
+        )
         for name, (members, _) in gathered.items()
         if name in leads
     ]
@@ -205,15 +210,22 @@ def _member_problems(server: ServerRuntime, member: Member) -> list[str]:
     return problems
 
 
-def plan_pool(config: PoolConfig, members: list[Member], *, k: int | None = None) -> Pool:
-    """The pool's part of the plan; ``k``: addresses per answer if not the policy's (as
-    :func:`~dnslb.policy.covering_k` sets it)."""
+def plan_pool(
+    config: PoolConfig,
+    members: list[Member],
+    *,
+    k: int | None = None,
+    ttl_floor: int | None = None,
+) -> Pool:
+    """The pool's part of the plan; ``k`` and ``ttl_floor``: addresses per answer and the TTL
+    floor if not the policy's (as :func:`~dnslb.policy.covering_k` and
+    :func:`~dnslb.policy.covering_ttl_min` set them)."""
     policy = config.policy
     return Pool(
         name=config.dns_name,
         members=tuple(sorted(members, key=lambda member: member.id)),
         k=k if k is not None else policy.k,
-        ttl_floor=policy.ttl_min,
+        ttl_floor=min(ttl_floor, policy.ttl_min) if ttl_floor is not None else policy.ttl_min,
         fallback=policy.fallback,
         networks=config.plan_networks(),
         geoip=config.geoip.plan_geoip() if config.geoip is not None else None,

@@ -42,6 +42,7 @@ from dnslb.policy import (
     ServerLoad,
     correct_shares,
     covering_k,
+    covering_ttl_min,
     inferred_correction,
     judge_pause,
     pause_room,
@@ -1138,8 +1139,8 @@ class Manager:
         return {pool.config.dns_name for pool in self.fleet.pools.values()}
 
     def _count_holders(self, now: float) -> None:
-        """How many resolvers hold each pool's answers, and the k of its answers for that:
-        the servers of every pool answering at its name count (``answers_for``)."""
+        """How many resolvers hold each pool's answers, and the k and TTL floor of its answers
+        for that: the servers of every pool answering at its name count (``answers_for``)."""
         held = self.answers_held()
         serving: Counter[str] = Counter()
         for pool in self.fleet.pools.values():
@@ -1147,7 +1148,9 @@ class Manager:
         for pool in self.fleet.pools.values():
             name = pool.config.dns_name
             pool.held.observe(now, held.get(name, {}))
-            pool.answer_k = covering_k(pool.policy, serving[name], pool.held.holders())
+            holders = pool.held.holders()
+            pool.answer_k = covering_k(pool.policy, serving[name], holders)
+            pool.answer_ttl_min = covering_ttl_min(pool.policy, serving[name], holders)
 
     async def close(self) -> None:
         """Stop background work and close the state database (what shutdown does). A standby

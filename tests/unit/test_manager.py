@@ -666,6 +666,10 @@ def test_k_rises_while_few_resolvers_hold_the_pools_answers(lab: Lab) -> None:
     plan = lab.manager.plan
     assert plan is not None and plan.pools[0].k == 3
     assert lab.manager.fleet.pools["www"].held.holders() == pytest.approx(1.0, rel=0.05)
+    # and its users move with each expiry of that one answer: the TTL floor is 1 s, not 5
+    assert plan.pools[0].ttl_floor == 1
+    [view] = Control(lab.manager).pools()
+    assert (view.answer_k, view.ttl_floor) == (3, 1)
     # Then 20 resolvers do: k is the pool's again once the window (60 s) has passed.
     for second in range(25, 100):
         total = 25 + 20 * (second - 25)
@@ -673,7 +677,7 @@ def test_k_rises_while_few_resolvers_hold_the_pools_answers(lab: Lab) -> None:
         lab.report_all()
         lab.step()
     plan = lab.manager.plan
-    assert plan is not None and plan.pools[0].k == 2
+    assert plan is not None and (plan.pools[0].k, plan.pools[0].ttl_floor) == (2, 5)
 
 
 def test_junk_answers_held_are_skipped(lab: Lab) -> None:

@@ -15,6 +15,7 @@ from dnslb.policy import (
     answer_ttl_cap,
     correct_shares,
     covering_k,
+    covering_ttl_min,
     inferred_correction,
     is_paused,
     judge_pause,
@@ -405,6 +406,32 @@ def test_k_covers_the_pool_when_few_resolvers_hold_its_answers() -> None:
     assert covering_k(policy, active=30, holders=15.0) == 6  # ceil(3 x 30 / 15)
     assert covering_k(policy, active=100, holders=0.5) == 64  # at most the plan's MAX_K
     assert covering_k(policy, active=100, holders=0.0) == 64  # nobody holds any: all of them
+
+
+def test_the_ttl_floor_falls_while_few_resolvers_hold_the_pools_answers() -> None:
+    policy = PoolPolicy(ttl_min=5, k_coverage=3.0)
+    # 3 resolvers a server are wanted: 30 for 10 servers
+    assert covering_ttl_min(policy, active=10, holders=30.0) == 5
+    assert covering_ttl_min(policy, active=10, holders=500.0) == 5
+    assert covering_ttl_min(policy, active=10, holders=18.0) == 3  # 5 x 18 / 30
+    assert covering_ttl_min(policy, active=6, holders=7.0) == 2  # 5 x 7 / 18 = 1.9
+    assert covering_ttl_min(policy, active=10, holders=4.0) == 1  # 4 lumps: as short as it goes
+    assert covering_ttl_min(policy, active=10, holders=0.0) == 1  # never 0: resolvers cache
+    assert covering_ttl_min(PoolPolicy(ttl_min=30), active=10, holders=10.0) == 10
+    # the queries of the floor (holders / floor) stay near those of 3 resolvers a server
+    # at ttl_min: 30 / 5 = 6 a second
+    for holders in (4.0, 9.0, 15.0, 29.0):
+        assert holders / covering_ttl_min(policy, 10, holders) <= 6.0 * 1.5
+
+
+def test_the_ttl_floor_stays_when_holders_are_unknown_or_coverage_is_off() -> None:
+    assert covering_ttl_min(PoolPolicy(ttl_min=5), active=10, holders=None) == 5
+    assert covering_ttl_min(PoolPolicy(ttl_min=5, k_coverage=0), active=10, holders=1.0) == 5
+    assert covering_ttl_min(PoolPolicy(ttl_min=1), active=10, holders=1.0) == 1
+    assert covering_ttl_min(PoolPolicy(ttl_min=0, ttl_max=0), active=10, holders=1.0) == 0
+    assert covering_ttl_min(PoolPolicy(ttl_min=5), active=0, holders=1.0) == 5
+    fixed = PoolPolicy(ttl_min=40, ttl_max=40)  # a fixed TTL, as plain round-robin's
+    assert covering_ttl_min(fixed, active=10, holders=1.0) == 40
 
 
 def test_k_stays_when_holders_are_unknown_the_pool_is_small_or_coverage_is_off() -> None:
