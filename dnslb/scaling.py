@@ -118,6 +118,7 @@ class PoolSample:
     capacity: int  # max concurrency summed over active servers
     booting: int  # max concurrency still launching or warming
     served: int = 0  # requests served so far, as :func:`sample_pool` counts them
+    busy: int = -1  # worker slots busy, each server's at most its own (-1: not counted)
     # Sum over active servers of in_progress x utilization: over in_progress, the utilization
     # of the server a request in progress is on, on average (the pool's, when it is even).
     weighted: float = 0.0
@@ -175,6 +176,7 @@ def sample_pool(
         capacity=sum(server.max_concurrency for server in active),
         booting=sum(server.max_concurrency for server in servers if not server.active),
         served=served,
+        busy=sum(max(0, min(server.in_progress, server.max_concurrency)) for server in active),
         weighted=sum(
             server.in_progress * server.in_progress / server.max_concurrency
             for server in active
@@ -379,8 +381,9 @@ def _decide_for_target(
 
 
 def _service_time(samples: Sequence[PoolSample]) -> float | None:
-    """The mean service time over ``samples`` (Little's law): requests in service (at most the
-    worker slots) over requests served per second; None when nothing was served. A counter
+    """The mean service time over ``samples`` (Little's law): requests in service (at most
+    each server's own worker slots: what queues on a hot server is waiting, even while others
+    have slots free) over requests served per second; None when nothing was served. A counter
     that went back (a server left the pool) counts as nothing served in that interval."""
     if len(samples) < 2:
         return None
@@ -388,7 +391,10 @@ def _service_time(samples: Sequence[PoolSample]) -> float | None:
     elapsed = samples[-1].at - samples[0].at
     if served <= 0 or elapsed <= 0:
         return None
-    busy = sum(min(sample.in_progress, sample.capacity) for sample in samples[1:])
+    busy = sum(
+        sample.busy if sample.busy >= 0 else min(sample.in_progress, sample.capacity)
+        for sample in samples[1:]
+    )
     return max(1e-6, busy / (len(samples) - 1) / (served / elapsed))
 
 

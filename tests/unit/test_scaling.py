@@ -378,6 +378,16 @@ def test_a_target_scales_in_while_one_fewer_still_meets_it_with_headroom() -> No
     assert all("would meet the target" in d.reason for _, d in pool.decisions)
 
 
+def test_requests_queued_on_a_hot_server_are_not_counted_as_service() -> None:
+    # 3 of 4 requests go to the first of 2 servers: 120 of its 100 slots, 20 waiting, while the
+    # other has 60 free. Counted over the pool (160 of 200 slots) the queue looked like
+    # service: 0.57 s instead of 0.5 (in the lab, 1.5 s instead of 0.6 at a step's queue).
+    pool = Pool(servers=2, policy=TARGET, service=0.5, lump=3.0)
+    pool.run(20, lambda t: 160)
+    [(_, decision), *_] = pool.decisions
+    assert "service 0.5 s" in decision.reason
+
+
 def test_without_served_counters_the_thresholds_decide() -> None:
     pool = Pool(servers=2, policy=TARGET)  # agents that report no served_total
     pool.run(300, lambda t: 360)
