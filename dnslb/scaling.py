@@ -49,7 +49,12 @@ class ScalingPolicy:
     """When a pool grows and shrinks."""
 
     min_servers: int = setting(1, help="never fewer servers (active, warming or launching)", min=0)
-    max_servers: int = setting(10, help="never more servers", min=1)
+    max_servers: int = setting(
+        10,
+        help="never more servers launching, warming or active (draining, down or disabled ones "
+        "are not counted: the pool replaces them)",
+        min=1,
+    )
     th_high: float = setting(0.7, help="launch when mean utilization is above this", min=0.0)
     th_low: float = setting(0.3, help="drain one when mean utilization is below this", min=0.0)
     window: float = setting(
