@@ -123,7 +123,7 @@ class PoolSample:
     capacity: int  # max concurrency summed over active servers
     booting: int  # max concurrency still launching or warming
     served: int = 0  # requests served so far, as :func:`sample_pool` counts them
-    busy: int = -1  # worker slots busy, each server's at most its own (-1: not counted)
+    busy: int = 0  # worker slots busy, each server's at most its own
     # Sum over active servers of in_progress x utilization: over in_progress, the utilization
     # of the server a request in progress is on, on average (the pool's, when it is even).
     weighted: float = 0.0
@@ -396,10 +396,7 @@ def _service_time(samples: Sequence[PoolSample]) -> float | None:
     elapsed = samples[-1].at - samples[0].at
     if served <= 0 or elapsed <= 0:
         return None
-    busy = sum(
-        sample.busy if sample.busy >= 0 else min(sample.in_progress, sample.capacity)
-        for sample in samples[1:]
-    )
+    busy = sum(sample.busy for sample in samples[1:])
     return max(1e-6, busy / (len(samples) - 1) / (served / elapsed))
 
 

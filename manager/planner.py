@@ -172,7 +172,7 @@ def build_plan(
             leads[name].config,
             members,
             k=leads[name].answer_k,
-            ttl_floor=leads[name].answer_ttl_min,
+            ttl_floor=leads[name].answer_policy.ttl_min,
         )
         for name, (members, _) in gathered.items()
         if name in leads
@@ -225,7 +225,7 @@ def plan_pool(
         name=config.dns_name,
         members=tuple(sorted(members, key=lambda member: member.id)),
         k=k if k is not None else policy.k,
-        ttl_floor=min(ttl_floor, policy.ttl_min) if ttl_floor is not None else policy.ttl_min,
+        ttl_floor=ttl_floor if ttl_floor is not None else policy.ttl_min,
         fallback=policy.fallback,
         networks=config.plan_networks(),
         geoip=config.geoip.plan_geoip() if config.geoip is not None else None,
