@@ -17,6 +17,7 @@ from dnslb.scaling import (
     ScalingHistory,
     ScalingPolicy,
     ServerLoadView,
+    _service_time,
     decide,
     erlang_c,
     imbalance,
@@ -404,13 +405,50 @@ def test_a_server_that_inflates_its_served_counter_counts_as_a_busy_one_at_most(
 
     before = {"s1": 1000, "s2": 1000, "s3": 1000, "liar": 1000}
     honest = {"s1": 1100, "s2": 1090, "s3": 1110}
-    assert served_between(before, views({**honest, "liar": 1100})) == 400
-    # 10 million claimed: counted as 4 x the median's 2 per busy slot, 50 slots busy
-    assert served_between(before, views({**honest, "liar": 10_000_000})) == 300 + 400
+    assert served_between(before, views({**honest, "liar": 1100}))[0] == 400
+    # 10 million claimed: counted as 4 x the median's 2 per busy slot, 50 slots busy, and the
+    # rest held back for later ticks, at the same 4 x at most
+    counted, following = served_between(before, views({**honest, "liar": 10_000_000}))
+    assert counted == 300 + 400
+    assert following == {**honest, "liar": 1400}
     # a counter that went back (an agent restarted) or a new server counts nothing
-    assert served_between(before, views({**honest, "liar": 5, "new": 9_999})) == 300
+    counted, following = served_between(before, views({**honest, "liar": 5, "new": 9_999}))
+    assert counted == 300
+    assert following == {**honest, "liar": 5, "new": 9_999}
     idle = [ServerLoadView("s1", True, 0, 100, started_at=0.0, served=1_003)]
-    assert served_between(before, idle) == 3  # nobody busy: nothing to compare with
+    assert served_between(before, idle) == (3, {"s1": 1_003})  # nobody busy: nothing to compare
+
+
+def test_requests_of_a_report_that_arrives_alone_are_counted_later_not_lost() -> None:
+    # Agents report on their own clocks: between two ticks only s1's report came (the median
+    # server served nothing new, so the cap is 0); its 20 requests count at the next tick,
+    # when the others' reports came too. Dropped, they made the lab's service time spike.
+    def views(served: dict[str, int]) -> list[ServerLoadView]:
+        return [
+            ServerLoadView(id, True, in_progress=10, max_concurrency=10, started_at=0.0, served=n)
+            for id, n in served.items()
+        ]
+
+    start = {"s1": 0, "s2": 0, "s3": 0}
+    counted, following = served_between(start, views({"s1": 20, "s2": 0, "s3": 0}))
+    assert (counted, following) == (0, start)
+    counted, following = served_between(following, views({"s1": 20, "s2": 18, "s3": 22}))
+    assert counted == 60
+    assert following == {"s1": 20, "s2": 18, "s3": 22}
+
+
+def test_the_service_time_weighs_samples_by_the_time_between_them() -> None:
+    # 100 slots busy, 200 served a second: 0.5 s. Twice the manager ticked again 0.1 s after
+    # an urgent change, when all 200 slots were busy for those 0.1 s: 105 busy on average over
+    # the 4 s, 0.525 s. Counted per sample (133 busy), 0.667 s.
+    times = [0.0, 1.0, 1.1, 2.0, 3.0, 3.1, 4.0]
+    samples = [
+        PoolSample(at=t, in_progress=100, capacity=200, booting=0, served=round(200 * t), busy=b)
+        for t, b in zip(times, [100, 100, 200, 100, 100, 200, 100], strict=True)
+    ]
+    service = _service_time(samples)
+    assert service is not None
+    assert service == pytest.approx(0.525)
 
 
 def test_a_lying_agent_does_not_shrink_the_pool() -> None:
