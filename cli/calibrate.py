@@ -118,6 +118,7 @@ def scenario_for(plan: ExperimentPlan, case: Case) -> Scenario:
             ),
             clients=ClientConfig(
                 think_time=test.think_time,
+                first_request="at_once",  # locust starts a user with its task, then waits
                 connect_to=test.connect,
                 ignore_ttl=test.ignore_ttl,
                 ignore_ttl_hold=test.ignore_ttl_hold,

@@ -294,6 +294,8 @@ class Simulation:
     def _set_users(self, now: float) -> None:
         users = min(self.users_max, self.scenario.load.clients_at(now))
         think = self.scenario.clients.think_time
+        if self.scenario.clients.first_request == "at_once":
+            think = 0.0
         for user in range(self.users, users):
             if self.idle[user]:
                 self.idle[user] = False

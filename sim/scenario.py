@@ -81,6 +81,11 @@ class ClientConfig:
     """Users: each one thinks, sends a request, waits for the response, thinks again."""
 
     think_time: float = setting(10.0, help="mean think time, seconds (exponential)", min=0.0)
+    first_request: Literal["after_think", "at_once"] = setting(
+        "after_think",
+        help="when a user who joins sends its first request: after a think time, or at once, "
+        "as locust's users do (the lab's step of 32 users is a burst of 32 requests)",
+    )
     connect_to: Literal["first", "random"] = setting(
         "first", help="which address of the answer (in the resolver's order) a client connects to"
     )
