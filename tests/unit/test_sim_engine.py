@@ -492,3 +492,23 @@ def test_a_paced_server_starts_at_most_its_rate_and_serves_side_by_side() -> Non
     assert 400 / (flooded.mean_response + 1.0) == pytest.approx(20, rel=0.05)
     # (requests count when accepted: those queued at the end are in too)
     assert flooded.requests >= 0.97 * 20 * 400
+
+
+@pytest.mark.parametrize(
+    ("first", "at_least", "at_most"), [("after_think", 0, 10), ("at_once", 50, 60)]
+)
+def test_users_who_join_ask_after_a_think_time_or_at_once_as_locust_starts_them(
+    first: str, at_least: int, at_most: int
+) -> None:
+    # 50 users thinking 100 s on average, for 5 s: after a think time about 2 of them ask
+    # (1 - e^-0.05 of 50); started as locust starts a user, all 50 ask at once, once
+    text = f"""
+name: join
+duration: 5
+load: {{steps: [{{at: 0, clients: 50}}]}}
+clients: {{think_time: 100.0, first_request: {first}}}
+resolvers: {{count: 1}}
+servers: {{initial: 1, max_concurrency: 100, service: {{mean: 0.1}}}}
+"""
+    result = simulate(scenario(text), seed=1)
+    assert at_least <= result.requests <= at_most
