@@ -212,8 +212,8 @@ def served_between(
     What the cap holds back is not lost but counted later: a server's next counter to count
     from is what it had plus what was counted. Agents report on their own clocks, so between
     two ticks most servers may have no new report (the median is then 0 and nothing counts)
-    while a few report a second's worth; dropping theirs lost up to 90 % of a pool's requests
-    in the lab's windows and made its service time look 10 times as long."""
+    while a few report a second's worth. Dropping theirs lost 24 % of a lab run's requests, most
+    of some 10 s windows, and made the service time look up to 4 times as long."""
     deltas: list[tuple[str, int, int, int]] = []  # (id, counter before, served since, busy now)
     following: dict[str, int] = {}
     for server in servers:
