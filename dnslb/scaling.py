@@ -113,6 +113,11 @@ class ServerLoadView:
     started_at: float  # when it was launched or configured: newer servers drain first
     served: int = 0  # requests it served so far (a counter that only grows)
 
+    @property
+    def busy(self) -> int:
+        """Worker slots busy: requests in progress up to its own slots (the rest wait)."""
+        return max(0, min(self.in_progress, self.max_concurrency))
+
 
 @dataclass(frozen=True, slots=True)
 class PoolSample:
@@ -176,17 +181,18 @@ def sample_pool(
     served = 0
     counters: dict[str, int] | None = None
     if count_served:
-        counters = {server.id: server.served for server in servers}
         if previous is not None and previous.counters is not None:
             counted, counters = served_between(previous.counters, servers)
             served = previous.served + counted
+        else:
+            counters = {server.id: server.served for server in servers}
     return PoolSample(
         at=at,
         in_progress=sum(server.in_progress for server in active),
         capacity=sum(server.max_concurrency for server in active),
         booting=sum(server.max_concurrency for server in servers if not server.active),
         served=served,
-        busy=sum(max(0, min(server.in_progress, server.max_concurrency)) for server in active),
+        busy=sum(server.busy for server in active),
         weighted=sum(
             server.in_progress * server.in_progress / server.max_concurrency
             for server in active
@@ -221,13 +227,12 @@ def served_between(
         if was is None or server.served < was:
             following[server.id] = server.served
         else:
-            busy = max(0, min(server.in_progress, server.max_concurrency))
-            deltas.append((server.id, was, server.served - was, busy))
+            deltas.append((server.id, was, server.served - was, server.busy))
     rates = [served / busy for _, _, served, busy in deltas if busy > 0]
-    cap = SERVED_SPREAD * statistics.median_low(rates) if rates else math.inf
+    cap = SERVED_SPREAD * statistics.median_low(rates) if rates else None  # None: nobody busy
     total = 0
     for server_id, was, served, busy in deltas:
-        counted = served if cap == math.inf else min(served, math.ceil(cap * max(1, busy)))
+        counted = served if cap is None else min(served, math.ceil(cap * max(1, busy)))
         following[server_id] = was + counted
         total += counted
     return total, following

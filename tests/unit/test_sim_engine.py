@@ -501,7 +501,8 @@ def test_users_who_join_ask_after_a_think_time_or_at_once_as_locust_starts_them(
     first: str, at_least: int, at_most: int
 ) -> None:
     # 50 users thinking 100 s on average, for 5 s: after a think time about 2 of them ask
-    # (1 - e^-0.05 of 50); started as locust starts a user, all 50 ask at once, once
+    # (1 - e^-0.05 of 50); started as locust starts a user, all 50 ask at once (and a
+    # few of them again within the 5 s)
     text = f"""
 name: join
 duration: 5
