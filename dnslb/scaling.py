@@ -21,11 +21,13 @@ With ``target_wait`` set, the pool is sized for a waiting-time target instead of
 thresholds (:func:`servers_for`): each server is an M/M/c queue of its worker slots (Erlang C),
 offered an equal share of the pool's requests in progress, with the mean service time measured
 from the agents' served counters (Little's law). It scales out when the load projected
-``boot_time`` ahead (the mean over ``window`` and its rate of rise) needs more servers than the
-pool has (booting ones included), as many as it needs; and in, with the same guards as above,
-when one server fewer would still meet the target at a load ``SCALE_IN_HEADROOM`` times the
-mean over ``scale_in_window``; both with the pool's imbalance measured (:func:`imbalance`),
-unless ``target_imbalance`` is off (sized as if the pool were even).
+``boot_time`` ahead (the mean over ``window``, and the rate of rise of busy worker slots, or of
+requests in progress once the pool is saturated: :func:`_demand_rise`) needs more servers than
+the pool has (booting ones included), as many as it needs; and in, with the same guards as
+above, when one server fewer would still meet the target at a load ``SCALE_IN_HEADROOM`` times
+the mean over ``scale_in_window``, the next scale-in ``window`` later while two fewer would
+still meet it; both with the pool's imbalance measured (:func:`imbalance`), unless
+``target_imbalance`` is off (sized as if the pool were even).
 Each server queues on its own, so the pool's size does not pool waiting: what lets a server run
 hotter than ``th_high`` at the same wait is its number of worker slots and the wait allowed
 against the service time. Until the agents' served counters give a service time, the
@@ -64,7 +66,10 @@ class ScalingPolicy:
         min=0.0,
     )
     scale_in_window: float = setting(
-        60.0, help="seconds below th_low before a scale-in, and between scale-ins", min=0.0
+        60.0,
+        help="seconds below th_low before a scale-in, and between scale-ins (with target_wait, "
+        "window between them while two servers fewer would still meet the target)",
+        min=0.0,
     )
     boot_time: float = setting(
         30.0,
@@ -248,12 +253,13 @@ def _mean_utilization(samples: Sequence[PoolSample]) -> float:
     return demand / capacity if capacity else 0.0
 
 
-def _rise_rate(samples: Sequence[PoolSample]) -> float:
-    """Least-squares slope of requests in progress per second (0 when falling or flat)."""
+def _rise_rate(samples: Sequence[PoolSample], *, busy: bool = False) -> float:
+    """Least-squares slope of requests in progress (with ``busy``, of busy worker slots) per
+    second; 0 when falling or flat."""
     if len(samples) < 2:
         return 0.0
     times = [sample.at for sample in samples]
-    demands = [float(sample.in_progress) for sample in samples]
+    demands = [float(sample.busy if busy else sample.in_progress) for sample in samples]
     mean_t = sum(times) / len(times)
     mean_d = sum(demands) / len(demands)
     spread = sum((t - mean_t) ** 2 for t in times)
@@ -335,6 +341,23 @@ def decide(
 
 
 SCALE_IN_HEADROOM = 1.25  # a scale-in leaves room for this much more load than the recent mean
+SATURATED = 1.5  # requests in progress over worker slots past which busy slots hide the demand
+
+
+def _demand_rise(samples: Sequence[PoolSample]) -> float:
+    """The rise a waiting-time target projects: of busy worker slots, while the pool is not
+    saturated. A burst (users that start together, a resolver's batch) queues beyond the slots
+    and drains by itself within a service time or two: projected ``boot_time`` ahead, its
+    queue launched servers that were drained again a minute later (docs/simulation.md). Once
+    requests in progress pass ``SATURATED`` times the slots, the slots are all busy and cannot
+    show how fast demand rises; the queue does, and requests in progress are projected."""
+    if not samples:
+        return 0.0
+    current = samples[-1]
+    queued = _rise_rate(samples)
+    if current.in_progress > SATURATED * current.capacity:
+        return queued
+    return min(queued, _rise_rate(samples, busy=True))
 
 
 def _decide_for_target(
@@ -364,7 +387,7 @@ def _decide_for_target(
     ):
         demand = sum(sample.in_progress for sample in recent) / len(recent)
         uneven = imbalance(recent) if policy.target_imbalance else 1.0
-        projected = demand + _rise_rate(recent) * policy.boot_time
+        projected = demand + _demand_rise(recent) * policy.boot_time
         needed = servers_for(projected, unit, service, policy, uneven)
         if needed > count:
             launch = min(needed - count, policy.max_step, policy.max_servers - count)
@@ -381,16 +404,22 @@ def _decide_for_target(
             )
 
     service = long_service
+    since_in = now - history.last_scale_in
     if (
         count == len(active)
         and count > policy.min_servers
         and len(active) > 1
         and _covers(history.samples, now, policy.scale_in_window)
-        and now - max(history.last_scale_in, history.last_scale_out) >= policy.scale_in_window
+        and now - history.last_scale_out >= policy.scale_in_window
+        and since_in >= min(policy.window, policy.scale_in_window)
     ):
         demand = sum(sample.in_progress for sample in long) / len(long)
         uneven = imbalance(long) if policy.target_imbalance else 1.0
-        if servers_for(demand * SCALE_IN_HEADROOM, unit, service, policy, uneven) < count:
+        needed = servers_for(demand * SCALE_IN_HEADROOM, unit, service, policy, uneven)
+        # After a flash crowd the pool is many servers too big: one drain every
+        # scale_in_window kept them for many minutes. While two fewer would still meet the
+        # target, the next scale-in waits only window.
+        if needed < count and (since_in >= policy.scale_in_window or needed < count - 1):
             victim = min(
                 active, key=lambda server: (server.in_progress, -server.started_at, server.id)
             )

@@ -379,6 +379,48 @@ def test_a_target_scales_in_while_one_fewer_still_meets_it_with_headroom() -> No
     assert all("would meet the target" in d.reason for _, d in pool.decisions)
 
 
+def test_a_target_does_not_project_a_bursts_queue() -> None:
+    # 4 servers of 100 slots at 360 in progress; a burst puts 560 in progress for 2 s (every
+    # slot busy and 160 queued) and the load settles at 370, which the 4 still meet. Projected
+    # 30 s ahead, the queue's jump launched 6 (3 a tick, the most a step may); the rise of the
+    # busy slots, which the burst can raise by the 40 free ones at most, launches 2.
+    pool = Pool(servers=4, policy=TARGET, service=0.5)
+    pool.run(60, lambda t: 360)
+    assert pool.decisions == []
+    pool.run(30, lambda t: 560 if t <= 62 else 370)
+    assert pool.launches() == 2
+    assert pool.size == servers_for(370, 100, 0.5, TARGET) + 2
+    assert all("would wait over 0.5 s" in d.reason for _, d in pool.decisions)
+
+
+def test_a_target_projects_requests_in_progress_once_the_pool_is_saturated() -> None:
+    # every slot busy and more queued than half the slots again: the busy slots cannot show
+    # how fast demand rises, the queue does
+    pool = Pool(servers=2, policy=TARGET, service=0.5)
+    pool.run(20, lambda t: 310 + 20 * t)
+    launched = pool.decisions[0][1]
+    assert launched.launch == TARGET.max_step
+
+
+def test_a_target_drains_a_pool_far_too_big_a_window_apart() -> None:
+    # 10 servers for a load 2 meet: one drain every scale_in_window (60 s) kept them for 8
+    # minutes. While two fewer would still meet the target the next waits only window (10 s);
+    # the last one, scale_in_window.
+    pool = Pool(servers=10, policy=TARGET, service=0.5)
+    pool.run(600, lambda t: 150)
+    assert pool.size == 2
+    times = [at for at, d in pool.decisions if d.drain]
+    assert times[0] >= 0.9 * TARGET.scale_in_window  # a history nearly that long
+    assert [b - a for a, b in itertools.pairwise(times)] == [10.0] * 6 + [60.0]
+    # after a scale-out, scale_in_window still passes before any scale-in
+    grown = Pool(servers=2, policy=TARGET, service=0.5)
+    grown.run(100, lambda t: 900)
+    out = max(at for at, d in grown.decisions if d.launch)
+    grown.run(300, lambda t: 150)
+    first_in = min(at for at, d in grown.decisions if d.drain)
+    assert first_in - out >= TARGET.scale_in_window
+
+
 def test_requests_queued_on_a_hot_server_are_not_counted_as_service() -> None:
     # 3 of 4 requests go to the first of 2 servers: 120 of its 100 slots, 20 waiting, while the
     # other has 60 free. Counted over the pool (160 of 200 slots) the queue looked like
