@@ -395,11 +395,14 @@ def test_a_target_does_not_project_a_bursts_queue() -> None:
 
 def test_a_target_projects_requests_in_progress_once_the_pool_is_saturated() -> None:
     # every slot busy and more queued than half the slots again: the busy slots cannot show
-    # how fast demand rises, the queue does
-    pool = Pool(servers=2, policy=TARGET, service=0.5)
-    pool.run(20, lambda t: 310 + 20 * t)
-    launched = pool.decisions[0][1]
-    assert launched.launch == TARGET.max_step
+    # how fast demand rises (projected, they asked for 3 servers more: the mean of the window
+    # alone), the queue does: 20 more requests a second, 600 more in 30 s
+    policy = dataclasses.replace(TARGET, max_step=10, max_servers=30)
+    pool = Pool(servers=2, policy=policy, service=0.5)
+    pool.run(12, lambda t: 310 + 20 * t)
+    [(_, launched)] = pool.decisions
+    assert launched.launch == servers_for(1020, 100, 0.5, policy) - 2 == 9
+    assert "for 1020 expected in 30 s" in launched.reason
 
 
 def test_a_target_drains_a_pool_far_too_big_a_window_apart() -> None:
